@@ -1,0 +1,49 @@
+"""One error hierarchy for the core library.
+
+Every error a caller can act on derives from :class:`MedSplitError`; each message says
+what was wrong and, where it helps, what to do instead.
+"""
+
+
+class MedSplitError(Exception):
+    """Base class of every error raised on purpose by ``medsplit``."""
+
+
+class CutError(MedSplitError, ValueError):
+    """A model cannot be cut where asked (untraceable, unknown name, raw input crossing)."""
+
+
+class UnknownModelError(MedSplitError, LookupError):
+    """A model name is not in the registry."""
+
+
+class FrameError(MedSplitError, ValueError):
+    """Bytes received from another party are not a valid frame (or not the expected one)."""
+
+
+class CodecError(MedSplitError, ValueError):
+    """A tensor cannot be encoded with the chosen codec (for example, it overflows fp16)."""
+
+
+class ChannelError(MedSplitError):
+    """The channel between two parties failed."""
+
+
+class ChannelTimeout(ChannelError, TimeoutError):
+    """No frame arrived on a stream within the timeout."""
+
+
+class ProtocolError(MedSplitError):
+    """A frame arrived that the protocol did not expect at this point (order, kind, ids)."""
+
+
+class HandoffError(MedSplitError, ValueError):
+    """Weights handed on between hospitals do not fit the segment they are loaded into."""
+
+
+class DataError(MedSplitError, ValueError):
+    """Local data cannot be used (missing file, wrong keys, labels out of range)."""
+
+
+class ConfigError(MedSplitError, ValueError):
+    """A training configuration value is invalid."""
