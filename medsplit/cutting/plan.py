@@ -1,0 +1,210 @@
+"""Decide which graph nodes fall on which side of one or more cuts, and why a cut is refused."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from medsplit.cutting.profile import NodeProfile
+from medsplit.cutting.trace import module_path_stack, owned_state
+from medsplit.errors import CutError
+
+# Frames carry these beside the crossing tensors (see medsplit.protocol); a crossing
+# tensor may not take their names.
+RESERVED_TENSOR_NAMES = frozenset({"labels", "loss"})
+
+
+@dataclass(frozen=True)
+class BoundaryTensor:
+    """One tensor that crosses a cut, described per sample (batch dimension removed)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        """Values per sample."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per sample."""
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Where each node runs, and what crosses each cut.
+
+    ``crossings[i]`` lists the nodes computed in segment ``i`` and used in segment
+    ``i + 1``, in graph order, and ``wire_names[i]`` the names they cross under: the
+    cut submodule's own output is named after it (``features_denseblock1``), skip
+    tensors after the node that made them. ``state_names[i]`` holds the parameter and
+    buffer names of segment ``i``.
+    """
+
+    cuts: tuple[str, ...]
+    positions: tuple[int, ...]
+    partition: dict[fx.Node, int]
+    crossings: tuple[tuple[fx.Node, ...], ...]
+    wire_names: tuple[tuple[str, ...], ...]
+    state_names: tuple[frozenset[str], ...]
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.cuts) + 1
+
+
+def cut_position(gm: fx.GraphModule, name: str, *, model_name: str) -> int:
+    """Index of the last graph node that runs inside submodule ``name``."""
+    last = -1
+    for index, node in enumerate(gm.graph.nodes):
+        if name in module_path_stack(node):
+            last = index
+    if last < 0:
+        raise CutError(
+            f"{name!r} is not a submodule that runs in the forward pass of {model_name}; "
+            "a cut is named by a submodule's qualified name, e.g. 'features.denseblock1' "
+            "(see `medsplit cuts MODEL` for the candidates)"
+        )
+    return last
+
+
+def plan_split(
+    gm: fx.GraphModule,
+    cuts: tuple[str, ...],
+    profiles: dict[fx.Node, NodeProfile],
+    *,
+    model_name: str,
+    batch_size: int,
+) -> SplitPlan:
+    """Partition the traced graph at ``cuts`` (after each named submodule).
+
+    Raises:
+        CutError: an unknown name, cuts out of order, the raw input or a non-tensor
+            value crossing, a tensor skipping a segment, or weights used on both sides.
+    """
+    if not cuts:
+        raise CutError("at least one cut is needed")
+    nodes = list(gm.graph.nodes)
+    positions = tuple(cut_position(gm, c, model_name=model_name) for c in cuts)
+    for i in range(1, len(cuts)):
+        if positions[i] <= positions[i - 1]:
+            raise CutError(
+                f"cut {cuts[i]!r} must come after cut {cuts[i - 1]!r} in the forward pass"
+            )
+    last = len(cuts)
+
+    partition: dict[fx.Node, int] = {}
+    for index, node in enumerate(nodes):
+        if node.op == "placeholder":
+            partition[node] = 0
+        elif node.op == "output":
+            partition[node] = last
+        elif node.op != "get_attr":
+            partition[node] = bisect.bisect_left(positions, index)
+    for node in nodes:
+        if node.op == "get_attr":
+            users = [partition[u] for u in node.users]
+            partition[node] = min(users, default=0)
+
+    crossings: list[list[fx.Node]] = [[] for _ in cuts]
+    for node in nodes:
+        if node.op == "output":
+            continue
+        here = partition[node]
+        later = sorted({partition[u] for u in node.users if partition[u] > here})
+        if not later:
+            continue
+        where = f"cut {cuts[here]!r}"
+        if node.op == "placeholder":
+            raise CutError(
+                f"the model input {node.name!r} is used after {where}: raw data would leave "
+                "the hospital. Cut later, after every layer that reads the input."
+            )
+        if node.op == "get_attr":
+            raise CutError(
+                f"weight {node.target!r} is used on both sides of {where}; "
+                "shared weights cannot be split"
+            )
+        if later != [here + 1]:
+            raise CutError(
+                f"tensor {node.name!r} from segment {here} is used in segment {later[-1]}, "
+                f"skipping segment {here + 1}; choose cuts so that every skip connection "
+                "lands in the next segment"
+            )
+        profile = profiles.get(node)
+        if profile is None or profile.shape is None:
+            raise CutError(
+                f"value {node.name!r} crossing {where} is not a tensor; only tensors can "
+                "be sent. Cut before or after the code that computes it."
+            )
+        if not profile.shape or profile.shape[0] != batch_size:
+            raise CutError(
+                f"tensor {node.name!r} crossing {where} has shape {list(profile.shape)}, "
+                f"which is not batch-first for the example batch of {batch_size}"
+            )
+        crossings[here].append(node)
+    wire_names = tuple(
+        _wire_names(crossings[i], positions[i], cuts[i], nodes) for i in range(len(cuts))
+    )
+
+    owners: dict[str, int] = {}
+    state: list[set[str]] = [set() for _ in range(last + 1)]
+    root = gm
+    for node in nodes:
+        for name in owned_state(root, node):
+            seg = partition[node]
+            if owners.setdefault(name, seg) != seg:
+                cut = cuts[min(seg, owners[name])]
+                raise CutError(
+                    f"weight {name!r} is used on both sides of cut {cut!r}; "
+                    "shared weights cannot be split"
+                )
+            state[seg].add(name)
+
+    return SplitPlan(
+        cuts=cuts,
+        positions=positions,
+        partition=partition,
+        crossings=tuple(tuple(c) for c in crossings),
+        wire_names=wire_names,
+        state_names=tuple(frozenset(s) for s in state),
+    )
+
+
+def _wire_names(
+    crossing: list[fx.Node], position: int, cut: str, nodes: list[fx.Node]
+) -> tuple[str, ...]:
+    names = []
+    for node in crossing:
+        name = cut.replace(".", "_") if node is nodes[position] else node.name
+        if name in RESERVED_TENSOR_NAMES:
+            raise CutError(
+                f"tensor {name!r} crossing cut {cut!r} has a name frames reserve; "
+                "rename the submodule that produces it"
+            )
+        names.append(name)
+    if len(set(names)) != len(names):
+        names = [node.name for node in crossing]
+    return tuple(names)
+
+
+def boundary_of(
+    plan: SplitPlan, cut_index: int, profiles: dict[fx.Node, NodeProfile]
+) -> tuple[BoundaryTensor, ...]:
+    """Per-sample description of the tensors crossing one cut."""
+    out = []
+    crossing = plan.crossings[cut_index]
+    for node, name in zip(crossing, plan.wire_names[cut_index], strict=True):
+        p = profiles[node]
+        assert p.shape is not None and p.dtype is not None  # plan_split checked it
+        out.append(BoundaryTensor(name, p.shape[1:], p.dtype))
+    return tuple(out)

@@ -1,0 +1,77 @@
+"""One forward pass over a traced graph that records, per node, what it outputs and costs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch.utils.flop_counter import FlopCounterMode
+
+from medsplit.errors import CutError
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What one graph node produced on the example input.
+
+    ``shape`` and ``dtype`` are ``None`` when the node's value is not a tensor (a size,
+    a tuple, ``None``), which is why such a node can never cross a cut.
+    """
+
+    shape: tuple[int, ...] | None
+    dtype: torch.dtype | None
+    flops: int
+
+
+class _ProfilingInterpreter(fx.Interpreter):
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module)
+        self.profiles: dict[fx.Node, NodeProfile] = {}
+
+    def run_node(self, n: fx.Node) -> object:
+        # One counter per node gives per-node FLOPs, so prefix sums price every cut at once.
+        with FlopCounterMode(display=False) as counter:
+            out = super().run_node(n)
+        if isinstance(out, torch.Tensor):
+            self.profiles[n] = NodeProfile(tuple(out.shape), out.dtype, counter.get_total_flops())
+        else:
+            self.profiles[n] = NodeProfile(None, None, counter.get_total_flops())
+        return out
+
+
+def profile_graph(
+    gm: fx.GraphModule, example_input: tuple[torch.Tensor, ...]
+) -> dict[fx.Node, NodeProfile]:
+    """Run ``gm`` once in eval mode without gradients and profile every node.
+
+    Eval mode keeps batch-norm running statistics untouched; every module's own
+    training flag is restored afterwards.
+
+    Note:
+        FLOPs are those ``torch.utils.flop_counter`` counts: matrix products and
+        convolutions (2 per multiply-add); element-wise work is not counted.
+    """
+    flags = {m: m.training for m in gm.modules()}
+    gm.eval()
+    try:
+        with torch.no_grad():
+            interpreter = _ProfilingInterpreter(gm)
+            interpreter.run(*example_input)
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+    return interpreter.profiles
+
+
+def as_example_inputs(
+    example_input: torch.Tensor | Sequence[torch.Tensor],
+) -> tuple[torch.Tensor, ...]:
+    """Normalise an example input to a tuple of batch-first tensors."""
+    inputs = (example_input,) if isinstance(example_input, torch.Tensor) else tuple(example_input)
+    if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise CutError("example_input must be a tensor or a sequence of tensors")
+    if inputs[0].dim() == 0:
+        raise CutError("example_input must be batch-first (dimension 0 is the batch)")
+    return inputs

@@ -1,0 +1,150 @@
+"""Cut a model into segments that, run one after another, compute exactly what it computes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from medsplit.cutting.plan import BoundaryTensor, SplitPlan, boundary_of, plan_split
+from medsplit.cutting.profile import as_example_inputs, profile_graph
+from medsplit.cutting.trace import trace
+from medsplit.errors import CutError
+
+SEGMENT_NAMES = {2: ("front", "back"), 3: ("front", "middle", "head")}
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    """The segments of a cut model.
+
+    Every segment but the first takes the tensors crossing its cut as keyword
+    arguments; every segment but the last returns them as a ``dict``. Parameter and
+    buffer names are those of the original model, so ``{**front.state_dict(),
+    **back.state_dict()}`` loads into the original and back.
+
+    Attributes:
+        segments: ``(front, back)`` for one cut, ``(front, middle, head)`` for two.
+        cuts: the submodule names cut after, in order.
+        boundaries: for each cut, the crossing tensors described per sample.
+    """
+
+    segments: tuple[fx.GraphModule, ...]
+    cuts: tuple[str, ...]
+    boundaries: tuple[tuple[BoundaryTensor, ...], ...]
+
+    @property
+    def front(self) -> fx.GraphModule:
+        return self.segments[0]
+
+    @property
+    def back(self) -> fx.GraphModule:
+        """The last segment (the server's in vanilla mode, the head in U-shaped mode)."""
+        return self.segments[-1]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Run all segments in turn (useful for evaluation and checks)."""
+        out = self.segments[0](*inputs)
+        for segment in self.segments[1:]:
+            out = segment(**out)
+        return out
+
+
+def split_model(
+    model: torch.nn.Module,
+    example_input: torch.Tensor | Sequence[torch.Tensor],
+    cuts: str | Sequence[str],
+) -> SplitModel:
+    """Cut ``model`` after each named submodule; the model itself is left untouched.
+
+    Args:
+        model: any module ``torch.fx`` can trace (``nn.Sequential``, MONAI networks, ...).
+        example_input: a batch-first input (or tuple of inputs) of the shape training uses.
+        cuts: one submodule name (two segments), or two (U-shaped: front, middle, head).
+
+    Returns:
+        The segments, their crossing tensors, and the cut names.
+
+    Raises:
+        CutError: the model cannot be traced or cut there; the message says why.
+    """
+    names = (cuts,) if isinstance(cuts, str) else tuple(cuts)
+    if len(names) + 1 not in SEGMENT_NAMES:
+        raise CutError(f"give one cut (two segments) or two cuts (U-shaped), got {len(names)}")
+    inputs = as_example_inputs(example_input)
+    model_name = type(model).__name__
+    known = {name for name, _ in model.named_modules() if name}
+    for name in names:
+        if name not in known:
+            raise CutError(f"{name!r} is not a submodule of {model_name}")
+
+    gm = trace(model)
+    profiles = profile_graph(gm, inputs)
+    plan = plan_split(gm, names, profiles, model_name=model_name, batch_size=inputs[0].shape[0])
+    segments = build_segments(gm, plan, class_prefix=model_name)
+    boundaries = tuple(boundary_of(plan, i, profiles) for i in range(len(names)))
+    split = SplitModel(segments=segments, cuts=names, boundaries=boundaries)
+    _check_reproduces(gm, split, inputs)
+    return split
+
+
+def build_segments(
+    gm: fx.GraphModule, plan: SplitPlan, *, class_prefix: str
+) -> tuple[fx.GraphModule, ...]:
+    """Build one GraphModule per segment of ``plan``; they share modules with ``gm``."""
+    nodes = list(gm.graph.nodes)
+    labels = SEGMENT_NAMES[plan.num_segments]
+    segments = []
+    for seg in range(plan.num_segments):
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        lookup = env.__getitem__
+        if seg > 0:
+            incoming = zip(plan.crossings[seg - 1], plan.wire_names[seg - 1], strict=True)
+            for node, name in incoming:
+                env[node] = graph.placeholder(name)
+        for node in nodes:
+            if plan.partition[node] != seg or node.op == "output":
+                continue
+            env[node] = graph.node_copy(node, lookup)
+        if seg < plan.num_segments - 1:
+            outgoing = zip(plan.crossings[seg], plan.wire_names[seg], strict=True)
+            graph.output({name: env[node] for node, name in outgoing})
+        else:
+            graph.node_copy(nodes[-1], lookup)
+        graph.lint()
+        name = f"{class_prefix}{labels[seg].capitalize()}"
+        segments.append(fx.GraphModule(gm, graph, class_name=name))
+    return tuple(segments)
+
+
+def _check_reproduces(
+    gm: fx.GraphModule, split: SplitModel, inputs: tuple[torch.Tensor, ...]
+) -> None:
+    """Refuse a split whose segments do not compute what the whole model computes."""
+    flags = {m: m.training for m in gm.modules()}
+    gm.eval()
+    try:
+        with torch.no_grad():
+            whole = gm(*inputs)
+            parts = split.forward(*inputs)
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+    if not _same(whole, parts):
+        raise CutError(
+            f"the segments cut at {list(split.cuts)} do not reproduce the model's output; "
+            "the model may draw random numbers or keep hidden state in forward"
+        )
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
