@@ -189,7 +189,10 @@ class _CastCodec(Codec):
     def encode(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         cast = tensor.to(self.wire_dtype)
         # Infinities and NaN cross as themselves; a finite value that becomes infinite
-        # would silently corrupt training, so it is refused.
+        # would silently corrupt training, so it is refused. The cheap test comes first:
+        # most tensors have no infinity at all.
+        if not bool(torch.isinf(cast).any()):
+            return {DATA_PART: cast}
         overflow = torch.isinf(cast) & torch.isfinite(tensor)
         if bool(overflow.any()):
             worst = float(tensor[overflow].abs().max())
@@ -267,18 +270,19 @@ class Int8Codec(Codec):
         return dtype in FLOATING_DTYPES
 
     def encode(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-        # A private float64 copy: the in-place steps below must not touch the caller's tensor.
-        x = tensor.to(torch.float64, copy=True)
-        if x.numel() == 0:
+        if tensor.numel() == 0:
             lo, step = 0.0, 0.0
-            q = torch.zeros(x.shape, dtype=torch.uint8)
+            q = torch.zeros(tensor.shape, dtype=torch.uint8)
         else:
-            if not bool(torch.isfinite(x).all()):
+            # min and max propagate NaN, and are infinite if any value is: one pass
+            # finds the range and checks that every value is finite.
+            lo_t, hi_t = torch.aminmax(tensor)
+            lo, hi = float(lo_t), float(hi_t)
+            if not (math.isfinite(lo) and math.isfinite(hi)):
                 raise CodecError(
                     f"tensor {name!r}: int8 cannot encode NaN or infinite values; "
                     "use codec 'none' or 'fp16'"
                 )
-            lo, hi = float(x.min()), float(x.max())
             span = hi - lo
             if not math.isfinite(span):
                 raise CodecError(
@@ -288,8 +292,11 @@ class Int8Codec(Codec):
             # smallest float64 step still resolves such values exactly.
             step = max(span / 255.0, math.ulp(0.0)) if span > 0 else 0.0
             if step == 0.0:
-                q = torch.zeros(x.shape, dtype=torch.uint8)
+                q = torch.zeros(tensor.shape, dtype=torch.uint8)
             else:
+                # A private float64 copy, so the in-place steps never touch the caller's
+                # tensor, and float64 keeps the arithmetic error far below half a level.
+                x = tensor.to(torch.float64, copy=True)
                 q = x.sub_(lo).div_(step).round_().clamp_(0, 255).to(torch.uint8)
         return {
             DATA_PART: q,

@@ -253,6 +253,22 @@ def test_int8_refuses_non_finite_input(bad: float) -> None:
         CODECS["int8"].encode("act", torch.tensor([1.0, bad]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("where", [0, 500, 1022, 1023])
+def test_int8_finds_a_nan_anywhere(dtype: torch.dtype, where: int) -> None:
+    x = torch.randn(1024).to(dtype)
+    x[where] = float("nan")
+    with pytest.raises(CodecError, match=r"NaN"):
+        CODECS["int8"].encode("t", x)
+
+
+def test_fp16_finds_an_overflow_anywhere() -> None:
+    x = torch.randn(1000)
+    x[777] = -1e5
+    with pytest.raises(CodecError, match=r"magnitude 100000 overflows fp16"):
+        CODECS["fp16"].encode("t", x)
+
+
 def test_int8_refuses_a_range_wider_than_float64() -> None:
     with pytest.raises(CodecError, match=r"too wide"):
         CODECS["int8"].encode("t", torch.tensor([-1e308, 1e308], dtype=torch.float64))
