@@ -1,0 +1,204 @@
+"""The model registry: every network MedSplit can train, by name.
+
+Each entry says how to build the network and where it is sensible to cut it, so the
+coordinator, the workers and the hospital agents all build the same model from a name and
+a seed, and a job's configuration never has to carry code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from monai.networks.nets import DenseNet121, resnet18, resnet34
+from torch import nn
+
+from medsplit.errors import ConfigError, UnknownModelError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the registry knows about one model.
+
+    Attributes:
+        name: registry name, e.g. ``"resnet18"``.
+        description: one line for people, naming the paper where there is one.
+        default_input_shape: ``(C, H, W)`` of one 2D input the model is meant for.
+        default_cut: qualified name of the submodule after which a two-party split
+            (vanilla mode) cuts by default.
+        default_ushaped_cuts: ``(cut1, cut2)`` for U-shaped mode: front up to ``cut1``,
+            middle up to ``cut2``, head after ``cut2``. Chosen so that each of the three
+            segments has parameters.
+        build: private builder ``build(*, spatial_dims, in_channels, num_classes)``; call
+            :func:`build_model` instead, which validates and seeds.
+    """
+
+    name: str
+    description: str
+    default_input_shape: tuple[int, ...]
+    default_cut: str
+    default_ushaped_cuts: tuple[str, str]
+    build: Callable[..., nn.Module]
+
+
+def check_build_args(*, spatial_dims: int, in_channels: int, num_classes: int) -> None:
+    """Check the arguments every registry builder takes.
+
+    Raises:
+        ConfigError: naming the argument and the values it accepts.
+    """
+    if not _is_int(spatial_dims) or spatial_dims not in (2, 3):
+        raise ConfigError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}")
+    if not _is_int(in_channels) or in_channels < 1:
+        raise ConfigError(f"in_channels must be an integer >= 1, got {in_channels!r}")
+    if not _is_int(num_classes) or num_classes < 2:
+        raise ConfigError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; True as a channel count is a bug, not a 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _build_densenet121(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    return DenseNet121(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes)
+
+
+def _build_resnet18(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    return resnet18(
+        spatial_dims=spatial_dims, n_input_channels=in_channels, num_classes=num_classes
+    )
+
+
+def _build_resnet34(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    return resnet34(
+        spatial_dims=spatial_dims, n_input_channels=in_channels, num_classes=num_classes
+    )
+
+
+def _build_small_cnn(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    # Imported here because small_cnn imports check_build_args from this module.
+    from medsplit.models.small_cnn import small_cnn
+
+    return small_cnn(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
+
+
+def _build_skip_net(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    from medsplit.models.skip_net import SkipNet
+
+    return SkipNet(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
+
+
+# Cuts are chosen where the activation is small (after a pooling or strided stage) and
+# every segment keeps parameters. DenseNet121 halves its input five times, so inputs
+# smaller than 32x32 fail in its last transition; its default input is therefore 64x64.
+_SPECS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="densenet121",
+            description="MONAI DenseNet121 (Huang et al., 2017, 'Densely Connected "
+            "Convolutional Networks')",
+            default_input_shape=(1, 64, 64),
+            default_cut="features.transition1",
+            default_ushaped_cuts=("features.transition1", "features.norm5"),
+            build=_build_densenet121,
+        ),
+        ModelSpec(
+            name="resnet18",
+            description="MONAI ResNet-18 (He et al., 2016, 'Deep Residual Learning for "
+            "Image Recognition')",
+            default_input_shape=(1, 28, 28),
+            default_cut="layer1",
+            default_ushaped_cuts=("layer1", "layer4"),
+            build=_build_resnet18,
+        ),
+        ModelSpec(
+            name="resnet34",
+            description="MONAI ResNet-34 (He et al., 2016, 'Deep Residual Learning for "
+            "Image Recognition')",
+            default_input_shape=(1, 28, 28),
+            default_cut="layer1",
+            default_ushaped_cuts=("layer1", "layer4"),
+            build=_build_resnet34,
+        ),
+        ModelSpec(
+            name="small_cnn",
+            description="Small three-block CNN from MONAI Convolution blocks (fast on CPU)",
+            default_input_shape=(1, 28, 28),
+            default_cut="pool1",
+            default_ushaped_cuts=("pool1", "pool"),
+            build=_build_small_cnn,
+        ),
+        ModelSpec(
+            name="skip_net",
+            description="Small CNN with a long skip connection (two tensors cross a cut "
+            "after block1 or block2)",
+            default_input_shape=(1, 28, 28),
+            default_cut="block1",
+            default_ushaped_cuts=("block1", "block3"),
+            build=_build_skip_net,
+        ),
+    )
+}
+
+
+def model_names() -> list[str]:
+    """Names of all registered models, in registration order."""
+    return list(_SPECS)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` registered under ``name``.
+
+    Raises:
+        UnknownModelError: ``name`` is not registered; the message lists the known names.
+    """
+    try:
+        return _SPECS[name]
+    except (KeyError, TypeError):  # TypeError: an unhashable name such as a list
+        known = ", ".join(_SPECS)
+        raise UnknownModelError(f"unknown model {name!r}; known models: {known}") from None
+
+
+def build_model(
+    name: str,
+    *,
+    spatial_dims: int = 2,
+    in_channels: int = 1,
+    num_classes: int = 2,
+    seed: int | None = None,
+) -> nn.Module:
+    """Build a registered model, deterministically when a seed is given.
+
+    Args:
+        name: a name from :func:`model_names`.
+        spatial_dims: 2 for images, 3 for volumes.
+        in_channels: channels of the input (1 for grey scale, 3 for RGB).
+        num_classes: number of output logits, at least 2.
+        seed: with a seed, two builds give identical weights; the global torch RNG is
+            left as it was. ``None`` draws from the global RNG like any torch module.
+
+    Returns:
+        A freshly initialised ``torch.nn.Module`` in training mode, on the CPU.
+
+    Raises:
+        UnknownModelError: ``name`` is not registered.
+        ConfigError: an argument is out of range (the message names it).
+    """
+    spec = get_model_spec(name)
+    check_build_args(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise ConfigError(f"seed must be None or an integer >= 0, got {seed!r}")
+    if seed is None:
+        return spec.build(
+            spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes
+        )
+    # Models are built on the CPU, so only the CPU generator needs saving; forking CUDA
+    # generators too would initialise CUDA for nothing.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return spec.build(
+            spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes
+        )
