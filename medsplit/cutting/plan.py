@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import keyword
 from dataclasses import dataclass
 
 import torch
@@ -44,9 +45,9 @@ class SplitPlan:
     """Where each node runs, and what crosses each cut.
 
     ``crossings[i]`` lists the nodes computed in segment ``i`` and used in segment
-    ``i + 1``, in graph order, and ``wire_names[i]`` the names they cross under: the
-    cut submodule's own output is named after it (``features_denseblock1``), skip
-    tensors after the node that made them. ``state_names[i]`` holds the parameter and
+    ``i + 1``, in graph order, and ``wire_names[i]`` the names they cross under: a
+    module's output is named after the module (``features_denseblock1``), any other
+    tensor after the graph node that made it. ``state_names[i]`` holds the parameter and
     buffer names of segment ``i``.
     """
 
@@ -152,9 +153,8 @@ def plan_split(
                 f"which is not batch-first for the example batch of {batch_size}"
             )
         crossings[here].append(node)
-    wire_names = tuple(
-        _wire_names(crossings[i], positions[i], cuts[i], nodes) for i in range(len(cuts))
-    )
+    ends = _module_ends(nodes)
+    wire_names = tuple(_wire_names(crossings[i], cuts[i], ends) for i in range(len(cuts)))
 
     owners: dict[str, int] = {}
     state: list[set[str]] = [set() for _ in range(last + 1)]
@@ -180,12 +180,31 @@ def plan_split(
     )
 
 
-def _wire_names(
-    crossing: list[fx.Node], position: int, cut: str, nodes: list[fx.Node]
-) -> tuple[str, ...]:
+def _module_ends(nodes: list[fx.Node]) -> dict[fx.Node, str]:
+    """For each node that is the last one of a module, the outermost such module's name."""
+    last: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for path in module_path_stack(node):
+            last[path] = index
+    ends: dict[fx.Node, str] = {}
+    for path, index in last.items():
+        current = ends.get(nodes[index])
+        if current is None or path.count(".") < current.count("."):
+            ends[nodes[index]] = path
+    return ends
+
+
+def _wire_names(crossing: list[fx.Node], cut: str, ends: dict[fx.Node, str]) -> tuple[str, ...]:
+    """Name each crossing tensor after the module whose output it is, else after its node."""
     names = []
     for node in crossing:
-        name = cut.replace(".", "_") if node is nodes[position] else node.name
+        name = node.name
+        module = ends.get(node)
+        if module is not None:
+            candidate = module.replace(".", "_")
+            # Segments take crossing tensors as keyword arguments: names must be identifiers.
+            if candidate.isidentifier() and not keyword.iskeyword(candidate):
+                name = candidate
         if name in RESERVED_TENSOR_NAMES:
             raise CutError(
                 f"tensor {name!r} crossing cut {cut!r} has a name frames reserve; "

@@ -49,16 +49,25 @@ def profile_graph(
     Eval mode keeps batch-norm running statistics untouched; every module's own
     training flag is restored afterwards.
 
+    Raises:
+        CutError: the model does not run on the example (say, an image too small for it).
+
     Note:
         FLOPs are those ``torch.utils.flop_counter`` counts: matrix products and
         convolutions (2 per multiply-add); element-wise work is not counted.
     """
     flags = {m: m.training for m in gm.modules()}
     gm.eval()
+    interpreter = _ProfilingInterpreter(gm)
     try:
         with torch.no_grad():
-            interpreter = _ProfilingInterpreter(gm)
             interpreter.run(*example_input)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        shapes = ", ".join(str(list(t.shape)) for t in example_input)
+        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CutError(
+            f"{type(gm).__name__} does not run on an input of shape {shapes}: {first_line}"
+        ) from e
     finally:
         for module, flag in flags.items():
             module.training = flag

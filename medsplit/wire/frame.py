@@ -223,10 +223,13 @@ class FrameSpec:
     Args:
         kind: the expected :class:`FrameKind`.
         tensors: the exact set of tensor names, each with its :class:`TensorSpec`.
+        optional: names in ``tensors`` that may be absent (a gradient that no path
+            reached is not sent); when present they must still match their spec.
     """
 
     kind: FrameKind | None = None
     tensors: Mapping[str, TensorSpec] | None = None
+    optional: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.kind is not None:
@@ -239,6 +242,10 @@ class FrameSpec:
                 if not isinstance(spec, TensorSpec):
                     raise ValueError(f"spec for {name!r} must be a TensorSpec, got {spec!r}")
             object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+        optional = frozenset(self.optional)
+        if optional and (self.tensors is None or not optional <= set(self.tensors)):
+            raise ValueError(f"optional names {sorted(optional)} must all be in tensors")
+        object.__setattr__(self, "optional", optional)
 
 
 def raw_tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
@@ -490,14 +497,16 @@ def _check_kind(kind: FrameKind, spec: FrameSpec) -> None:
 def _check_tensors(tensors: Mapping[str, torch.Tensor], spec: FrameSpec) -> None:
     if spec.tensors is None:
         return
-    missing = [name for name in spec.tensors if name not in tensors]
+    missing = [n for n in spec.tensors if n not in tensors and n not in spec.optional]
     extra = [name for name in tensors if name not in spec.tensors]
     if missing or extra:
         raise FrameError(
             f"frame tensors do not match: missing {missing or 'none'}, unexpected {extra or 'none'}"
         )
     for name, want in spec.tensors.items():
-        got = tensors[name]
+        got = tensors.get(name)
+        if got is None:
+            continue
         if got.dtype != want.dtype:
             raise FrameError(f"tensor {name!r}: expected dtype {want.dtype}, got {got.dtype}")
         if not want.matches(tuple(got.shape)):

@@ -472,6 +472,34 @@ def test_expect_names_the_mismatch(expected: FrameSpec, message: str) -> None:
         decode_frame(encode_frame(activations()), expect=expected)
 
 
+def test_optional_names_may_be_absent_but_must_match_when_present() -> None:
+    data = encode_frame(activations())
+    grads = TensorSpec((None, 8, 3, 3), torch.float32)
+    labels = TensorSpec((None,), torch.int64)
+    loss = TensorSpec((), torch.float32)
+    optional_loss = FrameSpec(
+        kind=FrameKind.ACTIVATIONS,
+        tensors={"features_denseblock1": grads, "labels": labels, "loss": loss},
+        optional=frozenset({"loss"}),
+    )
+    assert set(decode_frame(data, expect=optional_loss).tensors) == {
+        "features_denseblock1",
+        "labels",
+    }
+    wrong_when_present = FrameSpec(
+        kind=FrameKind.ACTIVATIONS,
+        tensors={
+            "features_denseblock1": TensorSpec((None, 9, 3, 3), torch.float32),
+            "labels": labels,
+        },
+        optional=frozenset({"features_denseblock1"}),
+    )
+    with pytest.raises(FrameError, match=r"'features_denseblock1': expected shape"):
+        decode_frame(data, expect=wrong_when_present)
+    with pytest.raises(ValueError, match=r"optional names"):
+        FrameSpec(tensors={"a": loss}, optional=frozenset({"b"}))
+
+
 def test_specs_check_their_arguments() -> None:
     with pytest.raises(ValueError, match=r"shape entries"):
         TensorSpec((-1,), torch.float32)

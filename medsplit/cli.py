@@ -1,0 +1,266 @@
+"""``medsplit``: price the cuts of a model, verify a cut, simulate a whole job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from medsplit.cutting import CutInfo, cut_table
+from medsplit.data import synthetic_split
+from medsplit.errors import MedSplitError
+from medsplit.models import build_model, get_model_spec, model_names
+from medsplit.modes import Mode
+from medsplit.protocol.optim import OPTIMIZERS, OptimizerConfig
+from medsplit.training.config import CUTS_PER_MODE, TrainingConfig
+from medsplit.training.simulate import SimulationData, SimulationSetup, simulate
+from medsplit.training.split_job import RoundReport
+from medsplit.training.verify import verify_split
+from medsplit.wire.codecs import CODECS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``medsplit`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except MedSplitError as e:
+        print(f"medsplit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="medsplit", description="Split learning for hospitals: the core tools."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    cuts = commands.add_parser("cuts", help="price every candidate cut of a registry model")
+    cuts.add_argument("model", choices=model_names())
+    cuts.add_argument("--input-shape", type=_shape, help="C,H,W (default: the model's own)")
+    cuts.add_argument("--classes", type=int, default=2)
+    cuts.add_argument("--json", action="store_true", help="a JSON list, one object per cut")
+    cuts.set_defaults(run=_cuts)
+
+    verify = commands.add_parser(
+        "verify", help="train split and unsplit side by side; are all weights identical?"
+    )
+    verify.add_argument("model", choices=model_names())
+    _add_cut_options(verify)
+    verify.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    verify.add_argument("--hospitals", type=int, default=2, help="hospitals taking turns")
+    verify.add_argument("--input-shape", type=_shape, help="C,H,W (default: the model's own)")
+    verify.add_argument("--json", action="store_true")
+    verify.set_defaults(run=_verify)
+
+    sim = commands.add_parser("simulate", help="run a whole split-learning job in this process")
+    sim.add_argument("--model", default="small_cnn", choices=model_names())
+    _add_cut_options(sim)
+    sim.add_argument("--hospitals", type=int, default=3)
+    sim.add_argument("--data", type=Path, help="a MedMNIST .npz (default: synthetic images)")
+    sim.add_argument("--samples", type=int, default=600, help="synthetic training images")
+    sim.add_argument("--rounds", type=int, default=3)
+    sim.add_argument("--local-epochs", type=int, default=1)
+    sim.add_argument("--max-steps-per-turn", type=int)
+    sim.add_argument("--json", action="store_true", help="print the round reports as JSON")
+    sim.set_defaults(run=_simulate)
+    return parser
+
+
+def _add_cut_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", default="vanilla", choices=[m.value for m in CUTS_PER_MODE])
+    parser.add_argument(
+        "--cut",
+        action="append",
+        help="submodule to cut after; twice for U-shaped (default: the model's own)",
+    )
+    parser.add_argument("--codec", default="none", choices=sorted(CODECS))
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--client-optimizer", default="sgd", choices=OPTIMIZERS)
+    parser.add_argument("--client-lr", type=float, default=0.05)
+    parser.add_argument("--server-optimizer", default="sgd", choices=OPTIMIZERS)
+    parser.add_argument("--server-lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected C,H,W (integers), got {text!r}") from None
+    if len(shape) not in (3, 4) or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected C,H,W or C,D,H,W of positive sizes, got {text!r}"
+        )
+    return shape
+
+
+def _training_config(args: argparse.Namespace, model: str, **overrides: object) -> TrainingConfig:
+    spec = get_model_spec(model)
+    mode = Mode(args.mode)
+    cuts = (
+        tuple(args.cut)
+        if args.cut
+        else ((spec.default_cut,) if mode == Mode.VANILLA else spec.default_ushaped_cuts)
+    )
+
+    def optimizer(name: str, lr: float) -> OptimizerConfig:
+        return OptimizerConfig(name=name, lr=lr, momentum=args.momentum if name == "sgd" else 0.0)
+
+    return TrainingConfig(
+        cuts=cuts,
+        mode=mode,
+        client_optimizer=optimizer(args.client_optimizer, args.client_lr),
+        server_optimizer=optimizer(args.server_optimizer, args.server_lr),
+        batch_size=args.batch_size,
+        codec=args.codec,
+        seed=args.seed,
+        **overrides,
+    )
+
+
+def _cuts(args: argparse.Namespace) -> int:
+    spec = get_model_spec(args.model)
+    shape = args.input_shape or spec.default_input_shape
+    model = build_model(
+        args.model,
+        spatial_dims=len(shape) - 1,
+        in_channels=shape[0],
+        num_classes=args.classes,
+        seed=0,
+    )
+    rows = cut_table(model, torch.zeros(1, *shape))
+    if args.json:
+        print(json.dumps([row.to_json() for row in rows], indent=2))
+    else:
+        print(f"{spec.name} at input {','.join(map(str, shape))}: {spec.description}")
+        print(_format_cut_table(rows))
+    return 0
+
+
+def _format_cut_table(rows: list[CutInfo]) -> str:
+    header = ("cut", "client params", "share", "client MFLOPs", "values", "KiB", "crossing")
+    lines = [header]
+    for r in rows:
+        lines.append(
+            (
+                r.name,
+                f"{r.client_params:,}",
+                f"{100 * r.client_param_share:.1f}%",
+                f"{r.client_flops_per_sample / 1e6:,.1f}",
+                f"{r.values_per_sample:,}",
+                f"{r.bytes_per_sample / 1024:,.1f}",
+                ", ".join(t.name for t in r.crossing),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for line in lines:
+        cells = [line[0].ljust(widths[0])]
+        cells += [cell.rjust(w) for cell, w in zip(line[1:-1], widths[1:-1], strict=True)]
+        cells.append(line[-1])
+        out.append("  ".join(cells))
+    out.insert(1, "-" * len(out[0]))
+    return "\n".join(out) + "\n(per sample; FLOPs count convolutions and matrix products)"
+
+
+def _verify(args: argparse.Namespace) -> int:
+    spec = get_model_spec(args.model)
+    shape = args.input_shape or spec.default_input_shape
+    if args.steps < 1 or args.hospitals < 1:
+        print("medsplit verify: error: --steps and --hospitals must be at least 1", file=sys.stderr)
+        return 2
+    per_turn = math.ceil(args.steps / args.hospitals)
+    config = _training_config(args, args.model, max_steps_per_turn=per_turn)
+    model = build_model(
+        args.model, spatial_dims=len(shape) - 1, in_channels=shape[0], seed=args.seed
+    )
+    data = synthetic_split(per_turn * args.batch_size * args.hospitals, shape=shape, seed=args.seed)
+    splits = [
+        type(data)(data.images[i :: args.hospitals], data.labels[i :: args.hospitals])
+        for i in range(args.hospitals)
+    ]
+    report = verify_split(model, splits, config)
+    if args.json:
+        print(json.dumps(report.to_json()))
+    elif report.exact:
+        print(
+            f"exact: {report.compared} tensors identical after {report.steps} steps "
+            f"({config.mode.value}, cut {' / '.join(config.cuts)}, codec {config.codec})"
+        )
+    else:
+        print(
+            f"NOT exact after {report.steps} steps: first difference in "
+            f"{report.first_difference!r} (max |diff| {report.max_abs_difference})"
+        )
+    return 0 if report.exact else 1
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    setup = SimulationSetup(
+        model=args.model,
+        hospitals=args.hospitals,
+        data=SimulationData(medmnist=args.data, synthetic_samples=args.samples),
+    )
+    config = _training_config(
+        args,
+        args.model,
+        rounds=args.rounds,
+        local_epochs=args.local_epochs,
+        max_steps_per_turn=args.max_steps_per_turn,
+    )
+    source = args.data or f"{args.samples} synthetic images"
+    print(
+        f"simulating {args.hospitals} hospitals on {source}: {args.model}, {config.mode.value} "
+        f"mode, cut {' / '.join(config.cuts)}, codec {config.codec}, {config.rounds} rounds",
+        file=sys.stderr,
+    )
+    reports = simulate(
+        setup, config, progress=not args.json, on_round=None if args.json else _print_round
+    )
+    if args.json:
+        print(json.dumps([_round_json(r) for r in reports], indent=2))
+    return 0
+
+
+def _print_round(report: RoundReport) -> None:
+    val = report.validation
+    accuracy = (
+        sum(e.accuracy * e.samples for e in val.values()) / sum(e.samples for e in val.values())
+        if val
+        else float("nan")
+    )
+    per_hospital = ", ".join(f"{name} {e.accuracy:.3f}" for name, e in val.items())
+    print(
+        f"round {report.round + 1}: train loss {report.mean_loss:.4f}, "
+        f"val accuracy {accuracy:.3f} ({per_hospital}), "
+        f"crossed {report.bytes_up / 2**20:.2f} MiB up, {report.bytes_down / 2**20:.2f} MiB down "
+        f"in {report.steps} steps",
+        flush=True,
+    )
+
+
+def _round_json(report: RoundReport) -> dict[str, object]:
+    return {
+        "round": report.round,
+        "steps": report.steps,
+        "samples": report.samples,
+        "train_loss": report.mean_loss,
+        "bytes_up": report.bytes_up,
+        "bytes_down": report.bytes_down,
+        "validation": {
+            name: {"loss": e.loss, "accuracy": e.accuracy, "samples": e.samples}
+            for name, e in report.validation.items()
+        },
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""What every mode's client and server do, and the step they do it in."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from medsplit.cutting import BoundaryTensor
+from medsplit.errors import ProtocolError
+from medsplit.modes import Mode
+from medsplit.wire import Frame, FrameKind, FrameMeta, FrameSpec, TensorSpec
+
+LABELS = "labels"
+LOSS = "loss"
+
+
+@dataclass(frozen=True, order=True)
+class StepIds:
+    """Where a step stands in its job; frames of one step all carry these numbers."""
+
+    job: str
+    round: int
+    turn: int
+    step: int
+
+    def meta(self, kind: FrameKind, mode: Mode, codec: str) -> FrameMeta:
+        return FrameMeta(
+            job=self.job,
+            round=self.round,
+            turn=self.turn,
+            step=self.step,
+            kind=kind,
+            mode=mode,
+            codec=codec,
+        )
+
+    @classmethod
+    def of(cls, frame: Frame) -> StepIds:
+        m = frame.meta
+        return cls(m.job, m.round, m.turn, m.step)
+
+    @property
+    def position(self) -> tuple[int, int, int]:
+        return (self.round, self.turn, self.step)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one finished training step reports to the hospital that ran it."""
+
+    ids: StepIds
+    loss: float
+    samples: int
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class ClientRole(ABC):
+    """The hospital's side of one mode: starts each step and reacts to the server's frames."""
+
+    mode: Mode
+
+    @abstractmethod
+    def start(self, ids: StepIds, x: torch.Tensor, y: torch.Tensor) -> Frame:
+        """Run the local layers on a batch and return the first frame to send up."""
+
+    @abstractmethod
+    def receive(self, frame: Frame) -> Frame | StepResult:
+        """Take a frame from the server: return the next frame to send, or the finished step."""
+
+    @abstractmethod
+    def expect(self) -> FrameSpec:
+        """What the next frame from the server must look like (checked while decoding)."""
+
+
+class ServerRole(ABC):
+    """The server's side of one mode: answers each frame from a hospital with one frame."""
+
+    mode: Mode
+
+    @abstractmethod
+    def handle(self, frame: Frame) -> Frame:
+        """Compute on a frame from the hospital and return the answer to send down."""
+
+    @abstractmethod
+    def expect(self) -> FrameSpec:
+        """What the next frame from the hospital must look like (checked while decoding)."""
+
+
+def boundary_spec(boundary: tuple[BoundaryTensor, ...]) -> dict[str, TensorSpec]:
+    """Tensor specs of a cut's crossing tensors, any batch size."""
+    return {t.name: TensorSpec((None, *t.shape), t.dtype) for t in boundary}
+
+
+def gradient_spec(boundary: tuple[BoundaryTensor, ...]) -> dict[str, TensorSpec]:
+    """Specs of the gradients that may come back for a cut's floating-point tensors."""
+    return {
+        t.name: TensorSpec((None, *t.shape), t.dtype) for t in boundary if t.dtype.is_floating_point
+    }
+
+
+def as_leaves(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Received tensors as fresh autograd leaves, so their gradients can be sent back."""
+    return {
+        name: t.detach().requires_grad_(t.dtype.is_floating_point) for name, t in tensors.items()
+    }
+
+
+def gradients_of(leaves: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gradients that reached the leaves; tensors no gradient reached are left out.
+
+    Sending zeros instead would turn a ``None`` gradient upstream into a zero one, and
+    optimizers treat those differently (weight decay and momentum still apply).
+    """
+    return {name: t.grad for name, t in leaves.items() if t.grad is not None}
+
+
+def backward_into(outputs: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor]) -> None:
+    """Continue backpropagation from ``outputs`` with the gradients received for them."""
+    names = [n for n in outputs if n in grads]
+    if names:
+        torch.autograd.backward([outputs[n] for n in names], [grads[n] for n in names])
+
+
+def check_batch(frame: Frame, expected: int) -> None:
+    """Every tensor except scalars must carry the same batch size."""
+    for name, t in frame.tensors.items():
+        if t.dim() > 0 and t.shape[0] != expected:
+            raise ProtocolError(
+                f"{frame.meta.kind} frame for step {frame.meta.step}: tensor {name!r} has "
+                f"batch size {t.shape[0]}, expected {expected}"
+            )
+
+
+class AppliedSteps:
+    """Refuses a step at or before the last one applied, so none is applied twice."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.last: StepIds | None = None
+
+    def check(self, ids: StepIds, *, who: str) -> None:
+        if ids.job != self.job:
+            raise ProtocolError(f"{who} serves job {self.job!r}, got a frame for job {ids.job!r}")
+        if self.last is not None and ids.position <= self.last.position:
+            raise ProtocolError(
+                f"{who} already applied step {self.last.position}; step {ids.position} "
+                "comes too late (a re-sent or out-of-order frame)"
+            )
+
+    def applied(self, ids: StepIds) -> None:
+        self.last = ids
+
+
+class PendingStep:
+    """The one step a party has in flight, and the checks that a frame belongs to it."""
+
+    def __init__(self) -> None:
+        self.ids: StepIds | None = None
+
+    def begin(self, ids: StepIds, *, who: str) -> None:
+        if self.ids is not None:
+            raise ProtocolError(
+                f"{who} cannot start step {ids.position}: "
+                f"step {self.ids.position} is still in flight"
+            )
+        self.ids = ids
+
+    def check(self, frame: Frame, kind: FrameKind, *, who: str) -> StepIds:
+        ids = StepIds.of(frame)
+        if self.ids is None:
+            raise ProtocolError(f"{who} got a {frame.meta.kind} frame but has no step in flight")
+        if frame.meta.kind != kind:
+            raise ProtocolError(f"{who} expected a {kind} frame, got {frame.meta.kind}")
+        if ids != self.ids:
+            raise ProtocolError(
+                f"{who} got a frame for {ids}, but the step in flight is {self.ids}"
+            )
+        return ids
+
+    def end(self) -> None:
+        self.ids = None

@@ -1,0 +1,126 @@
+"""Vanilla split learning: the hospital runs the front, the server the rest and the loss.
+
+Gupta & Raskar, "Distributed learning of deep neural network over multiple agents",
+2018. Labels travel to the server with the activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from medsplit.cutting import BoundaryTensor
+from medsplit.modes import Mode
+from medsplit.protocol.party import Party
+from medsplit.protocol.roles import (
+    LABELS,
+    LOSS,
+    AppliedSteps,
+    ClientRole,
+    PendingStep,
+    ServerRole,
+    StepIds,
+    StepResult,
+    as_leaves,
+    backward_into,
+    boundary_spec,
+    check_batch,
+    gradient_spec,
+    gradients_of,
+)
+from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class VanillaClient(ClientRole):
+    """Runs the front on local images, sends activations and labels, applies the gradients.
+
+    Args:
+        front: the front segment with its optimizer.
+        boundary: the tensors crossing the cut (``SplitModel.boundaries[0]``).
+        codec: wire codec for what this client sends.
+    """
+
+    mode = Mode.VANILLA
+
+    def __init__(self, *, front: Party, boundary: tuple[BoundaryTensor, ...], codec: str = "none"):
+        self.front = front
+        self.boundary = boundary
+        self.codec = codec
+        self._pending = PendingStep()
+        self._outputs: dict[str, torch.Tensor] = {}
+        self._samples = 0
+
+    def start(self, ids: StepIds, x: torch.Tensor, y: torch.Tensor) -> Frame:
+        self._pending.begin(ids, who="client")
+        self._outputs = self.front.module(x)
+        self._samples = x.shape[0]
+        tensors = {name: t.detach() for name, t in self._outputs.items()}
+        tensors[LABELS] = y
+        return Frame(ids.meta(FrameKind.ACTIVATIONS, self.mode, self.codec), tensors)
+
+    def receive(self, frame: Frame) -> StepResult:
+        ids = self._pending.check(frame, FrameKind.GRADIENTS, who="client")
+        check_batch(frame, self._samples)
+        backward_into(self._outputs, frame.tensors)
+        self.front.step()
+        self._outputs = {}
+        self._pending.end()
+        return StepResult(ids, loss=float(frame.tensors[LOSS]), samples=self._samples)
+
+    def expect(self) -> FrameSpec:
+        specs = gradient_spec(self.boundary)
+        specs[LOSS] = TensorSpec((), torch.float32)
+        return FrameSpec(
+            kind=FrameKind.GRADIENTS, tensors=specs, optional=frozenset(specs) - {LOSS}
+        )
+
+
+class VanillaServer(ServerRole):
+    """Runs the back and the loss on received activations, returns the gradient at the cut.
+
+    Args:
+        back: the back segment with its optimizer.
+        boundary: the tensors crossing the cut.
+        job: the job this server serves; frames of other jobs are refused.
+        loss_fn: loss on (logits, labels); cross-entropy by default.
+        codec: wire codec for what this server sends.
+    """
+
+    mode = Mode.VANILLA
+
+    def __init__(
+        self,
+        *,
+        back: Party,
+        boundary: tuple[BoundaryTensor, ...],
+        job: str,
+        loss_fn: LossFn | None = None,
+        codec: str = "none",
+    ):
+        self.back = back
+        self.boundary = boundary
+        self.loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
+        self.codec = codec
+        self.applied = AppliedSteps(job)
+
+    def handle(self, frame: Frame) -> Frame:
+        ids = StepIds.of(frame)
+        self.applied.check(ids, who="server")
+        labels = frame.tensors[LABELS]
+        check_batch(frame, labels.shape[0])
+        inputs = as_leaves({t.name: frame.tensors[t.name] for t in self.boundary})
+        loss = self.loss_fn(self.back.module(**inputs), labels)
+        loss.backward()
+        grads = gradients_of(inputs)
+        self.back.step()
+        self.applied.applied(ids)
+        grads[LOSS] = loss.detach().float()
+        return Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
+
+    def expect(self) -> FrameSpec:
+        specs = boundary_spec(self.boundary)
+        specs[LABELS] = TensorSpec((None,), torch.int64)
+        return FrameSpec(kind=FrameKind.ACTIVATIONS, tensors=specs)

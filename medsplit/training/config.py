@@ -1,0 +1,75 @@
+"""What a split-training job trains, and how: one config shared by split and unsplit runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from medsplit.errors import ConfigError
+from medsplit.modes import Mode
+from medsplit.protocol.optim import OptimizerConfig
+
+CUTS_PER_MODE = {Mode.VANILLA: 1, Mode.USHAPED: 2}
+_JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A job's training settings.
+
+    Attributes:
+        cuts: submodule names to cut after: one for vanilla, two for U-shaped.
+        mode: ``vanilla`` or ``ushaped`` (vertical and SplitFed come later).
+        client_optimizer: optimizer of the hospitals' segments.
+        server_optimizer: optimizer of the server's segment.
+        batch_size: samples per step.
+        local_epochs: passes over a hospital's data in one turn.
+        max_steps_per_turn: stop a turn after this many steps (``None``: no cap).
+        rounds: how many times every hospital takes a turn.
+        codec: wire codec (``none`` keeps training exact).
+        seed: seeds the batch order of every hospital, turn and epoch.
+        job: the job id written into every frame.
+        drop_last: skip a final short batch (batch norm cannot train on one sample).
+    """
+
+    cuts: tuple[str, ...]
+    mode: Mode = Mode.VANILLA
+    client_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    server_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    batch_size: int = 32
+    local_epochs: int = 1
+    max_steps_per_turn: int | None = None
+    rounds: int = 1
+    codec: str = "none"
+    seed: int = 0
+    job: str = "local"
+    drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            mode = Mode(self.mode)
+        except ValueError:
+            raise ConfigError(
+                f"mode must be one of {[m.value for m in Mode]}, got {self.mode!r}"
+            ) from None
+        if mode not in CUTS_PER_MODE:
+            raise ConfigError(f"mode {mode.value!r} is not available yet; use vanilla or ushaped")
+        object.__setattr__(self, "mode", mode)
+        cuts = (self.cuts,) if isinstance(self.cuts, str) else tuple(self.cuts)
+        if len(cuts) != CUTS_PER_MODE[mode]:
+            need = CUTS_PER_MODE[mode]
+            raise ConfigError(f"{mode.value} mode needs {need} cut(s), got {list(cuts)}")
+        object.__setattr__(self, "cuts", cuts)
+        for name in ("batch_size", "local_epochs", "rounds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_steps_per_turn is not None and self.max_steps_per_turn < 1:
+            raise ConfigError(
+                f"max_steps_per_turn must be >= 1 or None, got {self.max_steps_per_turn}"
+            )
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not self.job or not set(self.job) <= _JOB_ID_CHARS or len(self.job) > 128:
+            raise ConfigError(
+                f"job id must be 1-128 characters of [A-Za-z0-9_.:-], got {self.job!r}"
+            )

@@ -1,0 +1,50 @@
+"""Unsplit training over the same batches: the yardstick split training must equal exactly."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from medsplit.cutting import SplitModel
+from medsplit.data import Split
+from medsplit.protocol.layouts import SERVER_SEGMENT
+from medsplit.protocol.party import Party
+from medsplit.protocol.vanilla import LossFn
+from medsplit.training.config import TrainingConfig
+from medsplit.training.schedule import job_batches
+
+
+def train_unsplit(
+    model: torch.nn.Module,
+    splits: Sequence[Split],
+    config: TrainingConfig,
+    split: SplitModel,
+    *,
+    loss_fn: LossFn | None = None,
+) -> torch.nn.Module:
+    """Train a copy of ``model`` whole, on the job's batch sequence.
+
+    Each segment's parameters get the optimizer and schedule that segment has in the
+    split job (the same per-parameter optimizers), so the two runs apply the same
+    arithmetic to every weight.
+
+    Returns:
+        The trained copy; ``model`` itself is not modified.
+    """
+    whole = copy.deepcopy(model)
+    params = dict(whole.named_parameters())
+    parties = []
+    for index, segment in enumerate(split.segments):
+        names = [name for name, _ in segment.named_parameters()]
+        cfg = config.server_optimizer if index == SERVER_SEGMENT else config.client_optimizer
+        group = torch.nn.ParameterList([params[n] for n in names])
+        parties.append(Party.create(group, cfg))
+    loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
+    for batch in job_batches(config, splits):
+        loss = loss_fn(whole(batch.x), batch.y)
+        loss.backward()
+        for party in parties:
+            party.step()
+    return whole

@@ -1,0 +1,63 @@
+"""The one sequence of batches a job trains on, whether split or not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from medsplit.data import Split, iter_batches
+from medsplit.protocol.roles import StepIds
+from medsplit.training.config import TrainingConfig
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's batch, and where it falls in the job."""
+
+    ids: StepIds
+    hospital: int
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def hospital_seed(seed: int, hospital: int) -> int:
+    """Each hospital shuffles its own data with its own seed derived from the job's."""
+    return seed * 1_000_003 + hospital
+
+
+def turn_batches(
+    config: TrainingConfig, split: Split, *, round_: int, hospital: int
+) -> Iterator[Batch]:
+    """The batches of one hospital's turn in one round, step numbers from 0."""
+    step = 0
+    for local_epoch in range(config.local_epochs):
+        epoch = round_ * config.local_epochs + local_epoch
+        for x, y in iter_batches(
+            split,
+            batch_size=config.batch_size,
+            seed=hospital_seed(config.seed, hospital),
+            epoch=epoch,
+            drop_last=config.drop_last,
+        ):
+            if config.max_steps_per_turn is not None and step >= config.max_steps_per_turn:
+                return
+            yield Batch(StepIds(config.job, round_, hospital, step), hospital, x, y)
+            step += 1
+
+
+def turn_length(config: TrainingConfig, samples: int) -> int:
+    """Steps in one turn over ``samples`` local samples."""
+    per_epoch = samples // config.batch_size
+    if not config.drop_last and samples % config.batch_size:
+        per_epoch += 1
+    steps = per_epoch * config.local_epochs
+    return steps if config.max_steps_per_turn is None else min(steps, config.max_steps_per_turn)
+
+
+def job_batches(config: TrainingConfig, splits: Sequence[Split]) -> Iterator[Batch]:
+    """Every batch of the job: rounds, then hospitals in order (round-robin), then steps."""
+    for round_ in range(config.rounds):
+        for hospital, split in enumerate(splits):
+            yield from turn_batches(config, split, round_=round_, hospital=hospital)

@@ -1,0 +1,96 @@
+"""The in-process simulation behind ``medsplit simulate``: a whole job on one machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from medsplit.data import Split, load_medmnist, shard, synthetic_split
+from medsplit.errors import ConfigError
+from medsplit.models import build_model, get_model_spec
+from medsplit.protocol.roles import StepResult
+from medsplit.training.config import TrainingConfig
+from medsplit.training.schedule import turn_length
+from medsplit.training.split_job import Hospital, RoundReport, SplitJob
+
+
+@dataclass(frozen=True)
+class SimulationData:
+    """Where the hospitals' data comes from: a MedMNIST ``.npz`` or synthetic images."""
+
+    medmnist: Path | None = None
+    synthetic_samples: int = 600
+    synthetic_shape: tuple[int, ...] = (1, 28, 28)
+    num_classes: int = 2
+
+
+@dataclass(frozen=True)
+class SimulationSetup:
+    """Everything ``medsplit simulate`` needs besides the training config."""
+
+    model: str = "small_cnn"
+    hospitals: int = 3
+    data: SimulationData = field(default_factory=SimulationData)
+
+
+def load_hospitals(setup: SimulationSetup, *, seed: int) -> list[Hospital]:
+    """Deal the training and validation data out to ``setup.hospitals`` hospitals."""
+    data = setup.data
+    if data.medmnist is not None:
+        train = load_medmnist(data.medmnist, "train")
+        val = load_medmnist(data.medmnist, "val")
+    else:
+        shape, classes = data.synthetic_shape, data.num_classes
+        train = synthetic_split(data.synthetic_samples, shape=shape, num_classes=classes, seed=seed)
+        val_n = max(setup.hospitals, data.synthetic_samples // 4)
+        val = synthetic_split(val_n, shape=shape, num_classes=classes, seed=seed + 1)
+    trains = shard(train, setup.hospitals, seed=seed)
+    vals = shard(val, setup.hospitals, seed=seed)
+    return [
+        Hospital(f"hospital-{i + 1}", t, v)
+        for i, (t, v) in enumerate(zip(trains, vals, strict=True))
+    ]
+
+
+def num_classes_of(splits: list[Split]) -> int:
+    """Classes seen in the data (at least two)."""
+    return max(2, max(int(s.labels.max()) + 1 for s in splits if len(s)))
+
+
+def simulate(
+    setup: SimulationSetup,
+    config: TrainingConfig,
+    *,
+    progress: bool = True,
+    on_round: Callable[[RoundReport], None] | None = None,
+) -> list[RoundReport]:
+    """Run a whole split-learning job over simulated hospitals in this process.
+
+    Raises:
+        ConfigError, CutError, DataError, UnknownModelError: with a message naming the
+            setting to change.
+    """
+    if setup.hospitals < 1:
+        raise ConfigError(f"hospitals must be at least 1, got {setup.hospitals}")
+    get_model_spec(setup.model)
+    hospitals = load_hospitals(setup, seed=config.seed)
+    sample = hospitals[0].train.images
+    model = build_model(
+        setup.model,
+        spatial_dims=sample.dim() - 2,
+        in_channels=sample.shape[1],
+        num_classes=num_classes_of([h.train for h in hospitals]),
+        seed=config.seed,
+    )
+    job = SplitJob(model, sample[:2], config)
+    total = config.rounds * sum(turn_length(config, len(h.train)) for h in hospitals)
+    with tqdm(total=total, desc="training", unit="step", disable=not progress) as bar:
+
+        def on_step(result: StepResult) -> None:
+            bar.update(1)
+            bar.set_postfix(round=result.ids.round + 1, loss=f"{result.loss:.4f}")
+
+        return job.run(hospitals, on_step=on_step, on_round=on_round)

@@ -1,0 +1,175 @@
+"""Run a whole split-learning job in one process: hospitals take turns round-robin.
+
+Every frame still goes through a real channel as encoded bytes, and every hand-off
+between hospitals goes through safetensors bytes, so what this runs is what the
+distributed platform runs, minus the network.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from medsplit.channel import Channel, InMemoryChannel, StreamPair
+from medsplit.cutting import SplitModel, split_model
+from medsplit.data import Split
+from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments, make_client, make_server
+from medsplit.protocol.link import LocalLink
+from medsplit.protocol.party import Party
+from medsplit.protocol.roles import StepResult
+from medsplit.protocol.vanilla import LossFn
+from medsplit.training.config import TrainingConfig
+from medsplit.training.evaluate import Evaluation, evaluate
+from medsplit.training.schedule import turn_batches
+
+
+@dataclass(frozen=True)
+class Hospital:
+    """A participant of an in-process job: a name and its local data (never shared)."""
+
+    name: str
+    train: Split
+    val: Split | None = None
+
+
+@dataclass
+class RoundReport:
+    """What one round did: every hospital's turn, summed."""
+
+    round: int
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    validation: dict[str, Evaluation] = field(default_factory=dict)
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.steps if self.steps else float("nan")
+
+    def add(self, result: StepResult) -> None:
+        self.steps += 1
+        self.samples += result.samples
+        self.loss_sum += result.loss
+        self.bytes_up += result.bytes_up
+        self.bytes_down += result.bytes_down
+
+
+StepCallback = Callable[[StepResult], None]
+
+
+class SplitJob:
+    """A split-learning job over in-process hospitals.
+
+    Args:
+        model: the whole model, initialised as the job starts (it is not modified).
+        example_input: a batch-first example input, for cutting.
+        config: the training settings; ``config.cuts`` says where to cut.
+        channel: the channel frames travel on (a fresh in-memory one by default).
+        loss_fn: loss on (logits, labels); cross-entropy by default.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        example_input: torch.Tensor,
+        config: TrainingConfig,
+        *,
+        channel: Channel | None = None,
+        loss_fn: LossFn | None = None,
+    ):
+        self.config = config
+        self.split: SplitModel = split_model(model, example_input, config.cuts)
+        self.channel = channel or InMemoryChannel()
+        self.loss_fn = loss_fn
+        self.server_party = Party.create(
+            self.split.segments[SERVER_SEGMENT], config.server_optimizer
+        )
+        self.server = make_server(
+            config.mode,
+            self.server_party,
+            self.split,
+            job=config.job,
+            codec=config.codec,
+            loss_fn=loss_fn,
+        )
+        # The first hospital starts from the model's own initial weights.
+        self.client_state: bytes = export_parties(self._fresh_client_parties())
+
+    def _fresh_client_parties(self) -> dict[str, Party]:
+        # Each turn gets its own copy of the client segments, so the only way weights
+        # reach the next hospital is through the hand-off bytes.
+        return {
+            name: Party.create(
+                copy.deepcopy(self.split.segments[index]), self.config.client_optimizer
+            )
+            for name, index in client_segments(self.config.mode).items()
+        }
+
+    def client_parties(self) -> dict[str, Party]:
+        """The client parties as the last hand-off left them."""
+        parties = self._fresh_client_parties()
+        import_parties(self.client_state, parties)
+        return parties
+
+    def run_turn(
+        self, hospital: Hospital, *, index: int, round_: int, on_step: StepCallback | None = None
+    ) -> list[StepResult]:
+        """One hospital's turn: take the hand-off, train over local data, hand off."""
+        parties = self.client_parties()
+        client = make_client(
+            self.config.mode, parties, self.split, codec=self.config.codec, loss_fn=self.loss_fn
+        )
+        link = LocalLink(self.channel, StreamPair.for_hospital(self.config.job, hospital.name))
+        results = []
+        for batch in turn_batches(self.config, hospital.train, round_=round_, hospital=index):
+            result = link.run_step(client, self.server, batch.ids, batch.x, batch.y)
+            results.append(result)
+            if on_step is not None:
+                on_step(result)
+        self.client_state = export_parties(parties)
+        return results
+
+    def run(
+        self,
+        hospitals: Sequence[Hospital],
+        *,
+        on_step: StepCallback | None = None,
+        on_round: Callable[[RoundReport], None] | None = None,
+    ) -> list[RoundReport]:
+        """All rounds; after each, every hospital validates the current model locally."""
+        reports = []
+        for round_ in range(self.config.rounds):
+            report = RoundReport(round_)
+            for index, hospital in enumerate(hospitals):
+                for result in self.run_turn(hospital, index=index, round_=round_, on_step=on_step):
+                    report.add(result)
+            segments = self.segments()
+            for hospital in hospitals:
+                if hospital.val is not None and len(hospital.val):
+                    report.validation[hospital.name] = evaluate(segments, hospital.val)
+            reports.append(report)
+            if on_round is not None:
+                on_round(report)
+        return reports
+
+    def segments(self) -> list[torch.nn.Module]:
+        """The current segments in forward order (client ones from the last hand-off)."""
+        parties = self.client_parties()
+        by_index = {
+            index: parties[name].module for name, index in client_segments(self.config.mode).items()
+        }
+        by_index[SERVER_SEGMENT] = self.server_party.module
+        return [by_index[i] for i in sorted(by_index)]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained model's weights under the original parameter names."""
+        merged: dict[str, torch.Tensor] = {}
+        for segment in self.segments():
+            merged.update(segment.state_dict())
+        return merged
