@@ -119,8 +119,12 @@ def gradients_of(leaves: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def backward_into(outputs: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor]) -> None:
-    """Continue backpropagation from ``outputs`` with the gradients received for them."""
-    names = [n for n in outputs if n in grads]
+    """Continue backpropagation from ``outputs`` with the gradients received for them.
+
+    An output with no gradient history here (a mask, say) is skipped: the other side
+    cannot tell, and computes a gradient for it that leads nowhere.
+    """
+    names = [n for n in outputs if n in grads and outputs[n].requires_grad]
     if names:
         torch.autograd.backward([outputs[n] for n in names], [grads[n] for n in names])
 
