@@ -1,0 +1,122 @@
+"""The repository's own rules (DESIGN.md): folders, dependency arrows, no pickle, CI = README."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP_LEVEL = ["medsplit", "platform", "workers", "hospital_agent", "frontend", "tests", "bench"]
+NO_FRAMEWORKS = ["medsplit", "hospital_agent"]
+READS_OTHER_PARTIES = ["medsplit", "hospital_agent", "workers"]
+
+
+def python_files(*folders: str) -> list[Path]:
+    return [p for f in folders for p in sorted((ROOT / f).rglob("*.py"))]
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("folder", TOP_LEVEL)
+def test_design_folders_exist(folder: str) -> None:
+    assert (ROOT / folder).is_dir()
+
+
+@pytest.mark.parametrize("cwd", [".", "platform", "medsplit", "tests"])
+def test_import_platform_gives_the_standard_library(cwd: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "platform")])}
+    out = subprocess.run(
+        [sys.executable, "-c", "import platform; print(platform.__file__); platform.machine()"],
+        cwd=ROOT / cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    assert Path(out).resolve().parent == stdlib
+
+
+def test_platform_folder_is_not_a_package() -> None:
+    assert not (ROOT / "platform" / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("path", python_files(*NO_FRAMEWORKS), ids=str)
+def test_core_and_agent_never_import_django_or_celery(path: Path) -> None:
+    banned = {"django", "celery", "rest_framework"}
+    found = {m for m in imported_modules(path) if m.split(".")[0] in banned}
+    assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
+
+
+def _unsafe_loads(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            )
+            hits += [f"imports {m}" for m in modules if m and m.split(".")[0] in {"pickle", "dill"}]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = ast.unparse(node.func)
+            if target in {"torch.load", "pickle.load", "pickle.loads"}:
+                hits.append(f"calls {target}")
+            if node.func.attr == "load" and any(
+                kw.arg == "allow_pickle"
+                and not (isinstance(kw.value, ast.Constant) and kw.value.value is False)
+                for kw in node.keywords
+            ):
+                hits.append("loads with allow_pickle")
+    return hits
+
+
+@pytest.mark.parametrize("path", python_files(*READS_OTHER_PARTIES), ids=str)
+def test_no_pickle_or_torch_load_where_bytes_from_others_are_read(path: Path) -> None:
+    """Invariant 5: no code execution from the wire."""
+    assert not _unsafe_loads(path), f"{path.relative_to(ROOT)}: {_unsafe_loads(path)}"
+
+
+def test_the_scan_would_find_an_unsafe_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch, numpy as np\ntorch.load(b)\nnp.load(f, allow_pickle=True)\n")
+    assert _unsafe_loads(bad) == ["calls torch.load", "loads with allow_pickle"]
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```(?:sh|bash|console)\n(.*?)```", text, flags=re.S)
+
+
+def test_ci_runs_the_readme_test_command_exactly() -> None:
+    blocks = readme_commands()
+    assert len(blocks) >= 2, "README needs its two set-up commands in shell code blocks"
+    test_command = blocks[1].strip()
+    ci_lines = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert test_command in ci_lines
+    assert os.access(ROOT / ".ci" / "run", os.X_OK)
+    assert os.access(ROOT / "scripts" / "test", os.X_OK)
+
+
+def test_the_test_command_lints() -> None:
+    script = (ROOT / "scripts" / "test").read_text()
+    assert "ruff check ." in script and "ruff format --check ." in script
