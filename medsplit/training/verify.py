@@ -73,11 +73,15 @@ def verify_split(
         steps = sum(r.steps for r in job.run(hospitals))
         reference = train_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
     got = job.state_dict()
-    for name, want in reference.state_dict().items():
+    want_all = reference.state_dict()
+    extra = sorted(set(got) - set(want_all))
+    if extra:
+        return VerifyReport(False, len(want_all), steps, extra[0])
+    for name, want in want_all.items():
         have = got.get(name)
         if have is None or have.shape != want.shape or not torch.equal(have, want):
             diff = None
             if have is not None and have.shape == want.shape and want.is_floating_point():
                 diff = float((have.double() - want.double()).abs().max())
-            return VerifyReport(False, len(got), steps, name, diff)
-    return VerifyReport(True, len(got), steps)
+            return VerifyReport(False, len(want_all), steps, name, diff)
+    return VerifyReport(True, len(want_all), steps)
