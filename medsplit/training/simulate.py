@@ -93,4 +93,10 @@ def simulate(
             bar.update(1)
             bar.set_postfix(round=result.ids.round + 1, loss=f"{result.loss:.4f}")
 
-        return job.run(hospitals, on_step=on_step, on_round=on_round)
+        def round_done(report: RoundReport) -> None:
+            if on_round is not None:
+                # Lift the bar while the round's line is written, then redraw it below.
+                with tqdm.external_write_mode():
+                    on_round(report)
+
+        return job.run(hospitals, on_step=on_step, on_round=round_done)
