@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MedSplitError as e:
         print(f"medsplit {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader (say, `| head`) left: stop quietly, and keep Python's own flush at
+        # exit from failing on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -207,7 +213,11 @@ def _simulate(args: argparse.Namespace) -> int:
     setup = SimulationSetup(
         model=args.model,
         hospitals=args.hospitals,
-        data=SimulationData(medmnist=args.data, synthetic_samples=args.samples),
+        data=SimulationData(
+            medmnist=args.data,
+            synthetic_samples=args.samples,
+            synthetic_shape=get_model_spec(args.model).default_input_shape,
+        ),
     )
     config = _training_config(
         args,

@@ -116,6 +116,7 @@ def plan_split(
             users = [partition[u] for u in node.users]
             partition[node] = min(users, default=0)
 
+    from_input, through_weights = _lineage(gm, nodes)
     crossings: list[list[fx.Node]] = [[] for _ in cuts]
     for node in nodes:
         if node.op == "output":
@@ -152,21 +153,28 @@ def plan_split(
                 f"tensor {node.name!r} crossing {where} has shape {list(profile.shape)}, "
                 f"which is not batch-first for the example batch of {batch_size}"
             )
+        if from_input[node] and not through_weights[node]:
+            raise CutError(
+                f"tensor {node.name!r} crossing {where} is computed from the model input "
+                "without passing through any layer with weights: raw data would leave the "
+                "hospital. Cut after a layer with weights that every such path goes through."
+            )
         crossings[here].append(node)
     ends = _module_ends(nodes)
     wire_names = tuple(_wire_names(crossings[i], cuts[i], ends) for i in range(len(cuts)))
 
-    owners: dict[str, int] = {}
+    # Owners are keyed by tensor identity: a tied weight answers to two names.
+    owners: dict[int, tuple[int, str]] = {}
     state: list[set[str]] = [set() for _ in range(last + 1)]
-    root = gm
     for node in nodes:
-        for name in owned_state(root, node):
-            seg = partition[node]
-            if owners.setdefault(name, seg) != seg:
-                cut = cuts[min(seg, owners[name])]
+        seg = partition[node]
+        for name, tensor in owned_state(gm, node).items():
+            first_seg, first_name = owners.setdefault(id(tensor), (seg, name))
+            if first_seg != seg:
+                also = "" if first_name == name else f" (also known as {first_name!r})"
                 raise CutError(
-                    f"weight {name!r} is used on both sides of cut {cut!r}; "
-                    "shared weights cannot be split"
+                    f"weight {name!r}{also} is used on both sides of cut "
+                    f"{cuts[min(seg, first_seg)]!r}; shared weights cannot be split"
                 )
             state[seg].add(name)
 
@@ -178,6 +186,27 @@ def plan_split(
         wire_names=wire_names,
         state_names=tuple(frozenset(s) for s in state),
     )
+
+
+def _lineage(
+    gm: fx.GraphModule, nodes: list[fx.Node]
+) -> tuple[dict[fx.Node, bool], dict[fx.Node, bool]]:
+    """Per node: does it depend on the input, and does every input path cross a weight?
+
+    ``through_weights[n]`` is true when ``n`` reads parameters itself or every input it
+    depends on reaches it through some node that does; a value from the input with no
+    weights on the way (a reshape, a pooling) is still the raw image.
+    """
+    from_input: dict[fx.Node, bool] = {}
+    through: dict[fx.Node, bool] = {}
+    for node in nodes:
+        parents = node.all_input_nodes
+        has_weights = any(isinstance(t, torch.nn.Parameter) for t in owned_state(gm, node).values())
+        from_input[node] = node.op == "placeholder" or any(from_input[p] for p in parents)
+        through[node] = has_weights or all(through[p] for p in parents if from_input[p])
+        if node.op == "placeholder":
+            through[node] = False
+    return from_input, through
 
 
 def _module_ends(nodes: list[fx.Node]) -> dict[fx.Node, str]:

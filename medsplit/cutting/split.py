@@ -69,25 +69,45 @@ def split_model(
 
     Raises:
         CutError: the model cannot be traced or cut there; the message says why.
+
+    Note:
+        Like any ``torch.fx`` trace, Python code in ``forward`` runs once, at cut time:
+        a read of ``self.training`` there (``F.dropout(x, p, self.training)``) is frozen
+        into the segments. Use modules (``nn.Dropout``) for train/eval differences.
     """
-    names = (cuts,) if isinstance(cuts, str) else tuple(cuts)
-    if len(names) + 1 not in SEGMENT_NAMES:
-        raise CutError(f"give one cut (two segments) or two cuts (U-shaped), got {len(names)}")
+    if not isinstance(model, torch.nn.Module):
+        raise CutError(f"expected a torch.nn.Module to cut, got {type(model).__name__}")
+    requested = (cuts,) if isinstance(cuts, str) else tuple(cuts)
+    if len(requested) + 1 not in SEGMENT_NAMES:
+        raise CutError(f"give one cut (two segments) or two cuts (U-shaped), got {len(requested)}")
     inputs = as_example_inputs(example_input)
     model_name = type(model).__name__
-    known = {name for name, _ in model.named_modules() if name}
-    for name in names:
-        if name not in known:
-            raise CutError(f"{name!r} is not a submodule of {model_name}")
+    names = tuple(canonical_name(model, name) for name in requested)
 
     gm = trace(model)
     profiles = profile_graph(gm, inputs)
     plan = plan_split(gm, names, profiles, model_name=model_name, batch_size=inputs[0].shape[0])
     segments = build_segments(gm, plan, class_prefix=model_name)
     boundaries = tuple(boundary_of(plan, i, profiles) for i in range(len(names)))
-    split = SplitModel(segments=segments, cuts=names, boundaries=boundaries)
+    split = SplitModel(segments=segments, cuts=requested, boundaries=boundaries)
     _check_reproduces(gm, split, inputs)
     return split
+
+
+def canonical_name(model: torch.nn.Module, name: str) -> str:
+    """The name torch.fx records for submodule ``name`` (its first name, for an alias).
+
+    Raises:
+        CutError: ``name`` is not a submodule of ``model``.
+    """
+    first_names = {id(m): n for n, m in model.named_modules() if n}
+    try:
+        module = model.get_submodule(name) if isinstance(name, str) and name else None
+    except AttributeError:
+        module = None
+    if module is None or id(module) not in first_names:
+        raise CutError(f"{name!r} is not a submodule of {type(model).__name__}")
+    return first_names[id(module)]
 
 
 def build_segments(

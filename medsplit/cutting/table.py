@@ -46,8 +46,12 @@ class CutInfo:
         return row
 
 
-def candidate_cuts(gm: fx.GraphModule, *, max_depth: int = 2) -> list[str]:
-    """Submodule names at most ``max_depth`` deep, in forward order, one per cut position."""
+def candidate_cuts(model: torch.nn.Module, *, max_depth: int = 2) -> list[str]:
+    """Submodule names at most ``max_depth`` deep, in forward order, one per cut position.
+
+    ``model`` may be a module or its ``torch.fx`` trace.
+    """
+    gm = model if isinstance(model, fx.GraphModule) else trace(model)
     seen: dict[str, int] = {}
     for node in gm.graph.nodes:
         for path in module_path_stack(node):
@@ -72,9 +76,10 @@ def cut_table(
 ) -> list[CutInfo]:
     """Price every valid cut of ``model`` at the shape of ``example_input``.
 
-    A candidate is kept when the cut is valid (see ``split_model``) and both sides hold
-    parameters: a front without weights would send what is in effect the raw image,
-    and a back without weights leaves the server nothing to train.
+    By default a candidate is kept when the cut is valid (see ``split_model``) and both
+    sides hold parameters: a front without weights would send what is in effect the raw
+    image, and a back without weights leaves the server nothing to train. Names given in
+    ``candidates`` are all priced, and an invalid one raises ``CutError``.
 
     Args:
         model: the model to cut; it is not modified.

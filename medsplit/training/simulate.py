@@ -35,6 +35,11 @@ class SimulationSetup:
     hospitals: int = 3
     data: SimulationData = field(default_factory=SimulationData)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.hospitals, int) or self.hospitals < 1:
+            raise ConfigError(f"hospitals must be at least 1, got {self.hospitals!r}")
+        get_model_spec(self.model)
+
 
 def load_hospitals(setup: SimulationSetup, *, seed: int) -> list[Hospital]:
     """Deal the training and validation data out to ``setup.hospitals`` hospitals."""
@@ -73,9 +78,6 @@ def simulate(
         ConfigError, CutError, DataError, UnknownModelError: with a message naming the
             setting to change.
     """
-    if setup.hospitals < 1:
-        raise ConfigError(f"hospitals must be at least 1, got {setup.hospitals}")
-    get_model_spec(setup.model)
     hospitals = load_hospitals(setup, seed=config.seed)
     sample = hospitals[0].train.images
     model = build_model(

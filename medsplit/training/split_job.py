@@ -15,7 +15,9 @@ import torch
 
 from medsplit.channel import Channel, InMemoryChannel, StreamPair
 from medsplit.cutting import SplitModel, split_model
+from medsplit.cutting.split import SEGMENT_NAMES
 from medsplit.data import Split
+from medsplit.errors import CutError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments, make_client, make_server
 from medsplit.protocol.link import LocalLink
@@ -85,6 +87,7 @@ class SplitJob:
     ):
         self.config = config
         self.split: SplitModel = split_model(model, example_input, config.cuts)
+        _check_every_segment_trains(self.split)
         self.channel = channel or InMemoryChannel()
         self.loss_fn = loss_fn
         self.server_party = Party.create(
@@ -173,3 +176,16 @@ class SplitJob:
         for segment in self.segments():
             merged.update(segment.state_dict())
         return merged
+
+
+def _check_every_segment_trains(split: SplitModel) -> None:
+    """Each party needs weights: an optimizer over nothing is a configuration mistake."""
+    labels = SEGMENT_NAMES[len(split.segments)]
+    for index, segment in enumerate(split.segments):
+        if not any(True for _ in segment.parameters()):
+            where = " / ".join(split.cuts)
+            raise CutError(
+                f"the {labels[index]} segment of cut {where!r} holds no parameters, so that "
+                "party would have nothing to train; choose a cut with layers on every side "
+                "(see `medsplit cuts MODEL`)"
+            )

@@ -219,24 +219,12 @@ def test_simulate_unknown_cut(capsys) -> None:
 # --- known bugs ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="a cut after the last layer leaves the server segment without parameters; "
-    "SplitJob (split_job.py:90, Party.create -> build_optimizer) lets torch raise "
-    "'optimizer got an empty parameter list', a traceback instead of a clean exit 2",
-)
 def test_verify_cut_leaving_the_server_no_weights_is_a_clean_error(capsys) -> None:
     rc = main(["verify", "small_cnn", "--steps", "2", "--cut", "fc"])
     assert rc == 2
     assert "'fc'" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli._simulate builds SimulationData without synthetic_shape, so synthetic "
-    "images are always 1x28x28, which densenet121 (default input 1x64x64) cannot run on",
-)
 def test_simulate_synthetic_data_fits_the_model(capsys) -> None:
     argv = ["simulate", "--model", "densenet121", "--samples", "8", "--hospitals", "1"]
     argv += ["--rounds", "1", "--batch-size", "2", "--max-steps-per-turn", "1", "--json"]

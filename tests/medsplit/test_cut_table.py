@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from medsplit.cutting import BoundaryTensor, CutInfo, cut_table, split_model
+from medsplit.cutting import BoundaryTensor, CutInfo, candidate_cuts, cut_table, split_model
 from medsplit.errors import CutError
 from medsplit.models import build_model, get_model_spec, model_names
 
@@ -309,3 +309,8 @@ def test_default_ushaped_cuts_split_into_three_segments(registry_models, name: s
             assert torch.equal(split.forward(x), model(x))
     finally:
         model.train()
+
+
+def test_candidate_cuts_accepts_a_plain_module() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert candidate_cuts(model) == ["0", "1", "2"]

@@ -458,33 +458,18 @@ def test_bad_example_input_is_refused(example) -> None:
         split_model(_Chain(), example, "a")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="split.py:78 calls model.named_modules() before trace() checks the type, "
-    "so a non-Module raises AttributeError instead of CutError",
-)
 @pytest.mark.parametrize("model", ["a string", lambda x: x], ids=["str", "function"])
 def test_a_non_module_is_refused_with_cut_error(model) -> None:
     with pytest.raises(CutError, match=r"expected a torch\.nn\.Module"):
         split_model(model, X, "a")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan.py keys shared-weight detection on parameter names, so a tied Parameter "
-    "reachable under two names ('a.weight', 'b.weight') is split across segments",
-)
 def test_tied_weights_on_both_sides_are_refused() -> None:
     model = _TiedWeights()
     with pytest.raises(CutError, match="used on both sides"):
         split_model(model, X, "a")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan.py only refuses the input placeholder itself crossing; a parameter-free "
-    "view of the input (x.flatten(1)) computed before the cut crosses it unchanged",
-)
 def test_an_unchanged_view_of_the_input_may_not_cross() -> None:
     model = _IdentityOfInputLate()
     with pytest.raises(CutError, match="raw data would leave"):
@@ -497,12 +482,37 @@ class _ChecksItsInput(_TwoLayers):
         return self.b(self.a(x))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="profile.py:65 catches only RuntimeError/ValueError/TypeError/IndexError, so a "
-    "model that checks its input with torch._assert escapes as a bare AssertionError",
-)
 def test_input_rejected_by_an_assert_is_a_cut_error() -> None:
     with pytest.raises(CutError, match=r"does not run on an input of shape \[2, 3\]"):
         split_model(_ChecksItsInput(), torch.randn(2, 3), "a")
+
+
+def test_an_alias_of_a_submodule_cuts_where_its_first_name_does() -> None:
+    class Aliased(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(3, 4)
+            self.alias = self.a
+            self.b = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x).relu())
+
+    model = Aliased()
+    by_alias = split_model(model, torch.zeros(2, 3), "alias")
+    assert by_alias.cuts == ("alias",)
+    assert set(by_alias.front.state_dict()) == {"a.weight", "a.bias"}
+
+
+def test_a_sum_with_the_raw_input_may_not_cross() -> None:
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x) + x)
+
+    with pytest.raises(CutError, match="raw data would leave"):
+        split_model(Residual(), torch.zeros(2, 3), "a")
