@@ -25,6 +25,7 @@ from medsplit.wire import (
     encode_frame,
 )
 from medsplit.wire.frame import FORMAT_KEY
+from tests.medsplit.frame_samples import frame_metadata
 
 FUZZ = settings(
     max_examples=300,
@@ -178,17 +179,7 @@ _VALUES = st.one_of(
 def test_valid_safetensors_with_bad_metadata(
     changes: dict[str, str], drop: set[str], stored: dict[str, torch.Tensor]
 ) -> None:
-    metadata = {
-        FORMAT_KEY: "1",
-        "job": "j",
-        "round": "0",
-        "turn": "0",
-        "step": "0",
-        "kind": "activations",
-        "mode": "vanilla",
-        "codec": "none",
-        "tensors": json.dumps({name: str(t.dtype)[6:] for name, t in stored.items()}),
-    }
+    metadata = frame_metadata({name: str(t.dtype)[6:] for name, t in stored.items()})
     metadata.update(changes)
     for field in drop:
         metadata.pop(field, None)
@@ -215,17 +206,7 @@ _ST_DTYPES = ["F64", "F32", "F16", "BF16", "I64", "I8", "U8", "BOOL", "U16", "C6
     payload=st.binary(max_size=80),
 )
 def test_hostile_tensor_headers(entries: dict[str, object], codec: str, payload: bytes) -> None:
-    metadata = {
-        FORMAT_KEY: "1",
-        "job": "j",
-        "round": "0",
-        "turn": "0",
-        "step": "0",
-        "kind": "activations",
-        "mode": "vanilla",
-        "codec": codec,
-        "tensors": json.dumps({"x": "float32", "y": "int64"}),
-    }
+    metadata = frame_metadata({"x": "float32", "y": "int64"}, codec=codec)
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     decode_or_frame_error(len(header).to_bytes(8, "little") + header + payload)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 
@@ -24,6 +23,7 @@ from medsplit.wire import (
     raw_tensor_bytes,
 )
 from medsplit.wire.frame import FORMAT_KEY
+from tests.medsplit.frame_samples import frame_metadata
 
 
 def meta(**changes: object) -> FrameMeta:
@@ -52,19 +52,7 @@ def activations(codec: str = "none") -> Frame:
 
 def good_metadata(**changes: str) -> dict[str, str]:
     """Metadata of a valid frame holding one float32 tensor ``x``."""
-    metadata = {
-        FORMAT_KEY: "1",
-        "job": "j",
-        "round": "0",
-        "turn": "0",
-        "step": "0",
-        "kind": "activations",
-        "mode": "vanilla",
-        "codec": "none",
-        "tensors": json.dumps({"x": "float32"}),
-    }
-    metadata.update(changes)
-    return metadata
+    return frame_metadata(**changes)
 
 
 def craft(metadata: dict[str, str] | None, tensors: dict[str, torch.Tensor] | None = None) -> bytes:
