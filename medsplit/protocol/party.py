@@ -173,8 +173,8 @@ def _check_matches(
             f"hand-off does not fit segment {prefix!r}: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]} (was it made for another model or cut?)"
         )
-    for name, tensor in got.items():
-        want = expected[name]
+    for name in sorted(got):  # sorted, so the same mismatch is reported every time
+        tensor, want = got[name], expected[name]
         if tensor.shape != want.shape or tensor.dtype != want.dtype:
             raise HandoffError(
                 f"hand-off tensor {name!r} is {tensor.dtype} {list(tensor.shape)}, "

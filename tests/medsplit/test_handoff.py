@@ -97,7 +97,8 @@ def test_state_for_another_segment_is_refused_and_changes_nothing() -> None:
     train(receiver, 1)
     before = snapshot(receiver)
     with pytest.raises(
-        HandoffError, match=r"hand-off tensor '0\.(weight|bias)' is torch\.float32 \[5"
+        HandoffError,
+        match=r"hand-off tensor '0\.bias' is torch\.float32 \[5\], expected torch\.float32 \[4\]",
     ):
         import_parties(export_parties({"front": sender}), {"front": receiver})
     for name, want in before.items():
