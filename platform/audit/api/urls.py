@@ -1,0 +1,3 @@
+"""API routes of the audit app."""
+
+urlpatterns: list = []

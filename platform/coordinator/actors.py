@@ -1,0 +1,90 @@
+"""Who is acting: a person (with a role), a hospital's agent, or the system itself.
+
+Services take an :class:`Actor` and enforce permissions themselves, so every interface
+(API, admin, commands, tasks) is held to the same rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+    from hospitals.models import Hospital
+    from rest_framework.request import Request
+
+
+class ActorKind(StrEnum):
+    PERSON = "person"
+    HOSPITAL = "hospital"
+    SYSTEM = "system"
+
+
+class Role(StrEnum):
+    """What a person may do. ``HOSPITAL_ADMIN`` is bound to one hospital."""
+
+    CONSORTIUM_ADMIN = "consortium_admin"
+    HOSPITAL_ADMIN = "hospital_admin"
+    OBSERVER = "observer"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """The party behind a call.
+
+    Attributes:
+        kind: person, hospital (its agent) or system (scheduler, commands).
+        user: the person, for ``PERSON``.
+        role: the person's role, for ``PERSON``.
+        hospital: the hospital of a hospital admin, or the hospital whose agent acts.
+        source_ip: where the request came from, for the audit log.
+    """
+
+    kind: ActorKind
+    user: AbstractBaseUser | None = None
+    role: Role | None = None
+    hospital: Hospital | None = None
+    source_ip: str | None = None
+
+    @classmethod
+    def system(cls) -> Actor:
+        """The coordinator itself: the scheduler, management commands, migrations."""
+        return cls(ActorKind.SYSTEM)
+
+    @property
+    def is_consortium_admin(self) -> bool:
+        return self.kind == ActorKind.PERSON and self.role == Role.CONSORTIUM_ADMIN
+
+    @property
+    def is_system(self) -> bool:
+        return self.kind == ActorKind.SYSTEM
+
+    @property
+    def label(self) -> str:
+        """How the audit log names this actor."""
+        if self.kind == ActorKind.PERSON and self.user is not None:
+            return f"person:{self.user.get_username()}"
+        if self.kind == ActorKind.HOSPITAL and self.hospital is not None:
+            return f"hospital:{self.hospital.slug}"
+        return "system"
+
+
+def client_ip(request: Request) -> str | None:
+    """The peer address. X-Forwarded-For is trusted only behind a configured proxy."""
+    return request.META.get("REMOTE_ADDR")
+
+
+def actor_from_request(request: Request) -> Actor:
+    """The actor of an authenticated API request (a person's session or an agent token)."""
+    from accounts.selectors import role_of  # apps import models lazily
+
+    ip = client_ip(request)
+    agent = getattr(request, "auth", None)
+    hospital = getattr(agent, "hospital", None)
+    if hospital is not None:
+        return Actor(ActorKind.HOSPITAL, hospital=hospital, source_ip=ip)
+    user = request.user
+    role, member_of = role_of(user)
+    return Actor(ActorKind.PERSON, user=user, role=role, hospital=member_of, source_ip=ip)

@@ -1,0 +1,164 @@
+"""Settings of the MedSplit coordinator.
+
+Everything a deployment changes comes from the environment; the defaults run a local,
+embedded coordinator on SQLite. See docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("MEDSPLIT_DATA_DIR", BASE_DIR.parent / "var"))
+
+DEBUG = os.environ.get("MEDSPLIT_DEBUG", "0") == "1"
+# The development default is refused in production by `check --deploy`; set
+# MEDSPLIT_SECRET_KEY in any real deployment.
+SECRET_KEY = os.environ.get(
+    "MEDSPLIT_SECRET_KEY", "django-insecure-medsplit-development-only-change-me-0123456789"
+)
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get("MEDSPLIT_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(
+        ","
+    )
+    if h.strip()
+]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "coordinator",
+    "accounts",
+    "hospitals",
+    "training",
+    "audit",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "coordinator.urls"
+WSGI_APPLICATION = "coordinator.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# SQLite is the embedded default; DATABASE_URL (postgres://...) selects PostgreSQL.
+DATABASES = {
+    "default": dj_database_url.config(
+        env="DATABASE_URL",
+        default=f"sqlite:///{DATA_DIR / 'coordinator.sqlite3'}",
+        conn_max_age=60,
+    )
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # the dashboard's scripts read it to send X-CSRFToken
+SESSION_COOKIE_SECURE = os.environ.get("MEDSPLIT_SECURE_COOKIES", "0") == "1"
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "hospitals.authentication.AgentTokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "coordinator.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "coordinator.errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {
+        # Secrets are long and random; these limits stop online guessing and floods.
+        "sign_in": os.environ.get("MEDSPLIT_THROTTLE_SIGN_IN", "10/minute"),
+        "enrolment": os.environ.get("MEDSPLIT_THROTTLE_ENROLMENT", "10/minute"),
+        "token": os.environ.get("MEDSPLIT_THROTTLE_TOKEN", "30/minute"),
+    },
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "MedSplit coordinator API",
+    "DESCRIPTION": "Hospitals, jobs, turns and the audit log of a MedSplit consortium.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Served by the coordinator itself: hospital networks are often closed to CDNs.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# MedSplit's own settings.
+MEDSPLIT = {
+    # A hospital not heard from for this long is shown offline.
+    "HOSPITAL_OFFLINE_AFTER_SECONDS": int(os.environ.get("MEDSPLIT_OFFLINE_AFTER", "120")),
+    # One-time enrolment codes expire after this long.
+    "ENROLMENT_CODE_TTL_SECONDS": int(os.environ.get("MEDSPLIT_ENROLMENT_TTL", "86400")),
+    # Metrics of one turn are kept at most this often (bounded rate).
+    "METRICS_MIN_INTERVAL_SECONDS": float(os.environ.get("MEDSPLIT_METRICS_INTERVAL", "1.0")),
+    # Where agents and workers reach the relay; handed to agents at enrolment.
+    "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("MEDSPLIT_LOG_LEVEL", "INFO")},
+}

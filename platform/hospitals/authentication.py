@@ -1,0 +1,65 @@
+"""Agent authentication: ``Authorization: Bearer msa_<key id>_<secret>``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator import secrets
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from hospitals.models import AgentToken, Hospital
+
+TOKEN_PREFIX = "msa"
+
+
+@dataclass(frozen=True)
+class AgentPrincipal:
+    """``request.user`` for an agent: authenticated, but not a person."""
+
+    hospital: Hospital
+    is_authenticated: bool = True
+    is_active: bool = True
+    is_superuser: bool = False
+    is_staff: bool = False
+    pk: None = None
+
+    def get_username(self) -> str:
+        return f"agent:{self.hospital.slug}"
+
+
+class AgentTokenAuthentication(authentication.BaseAuthentication):
+    """Looks the token up by key id and compares its hash in constant time.
+
+    A revoked token fails on the next request: nothing is cached.
+    """
+
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[AgentPrincipal, AgentToken] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None  # not ours: session authentication may apply
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("malformed Authorization header")
+        try:
+            plaintext = header[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("malformed agent token") from None
+        parts = secrets.split(plaintext, TOKEN_PREFIX)
+        if parts is None:
+            raise exceptions.AuthenticationFailed("malformed agent token")
+        key_id, random_part = parts
+        token = AgentToken.objects.select_related("hospital").filter(key_id=key_id).first()
+        if token is None or not secrets.matches(random_part, token.digest):
+            raise exceptions.AuthenticationFailed("invalid agent token")
+        if token.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("this agent token was revoked")
+        if token.hospital.status == Hospital.Status.SUSPENDED:
+            raise exceptions.AuthenticationFailed("this hospital is suspended")
+        AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        return AgentPrincipal(token.hospital), token
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

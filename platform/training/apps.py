@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TrainingAppConfig(AppConfig):
+    name = "training"
+    verbose_name = "Jobs and turns"
