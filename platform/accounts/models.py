@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from coordinator.actors import Role
 from django.conf import settings
 from django.db import models
+
+from coordinator.actors import Role
 
 
 class Membership(models.Model):

@@ -8,6 +8,7 @@ from coordinator.actors import Role
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
+
     from hospitals.models import Hospital
 
 

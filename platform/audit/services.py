@@ -7,11 +7,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from coordinator.actors import Actor
 from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from coordinator.actors import Actor
 
 GENESIS = "0" * 64
 

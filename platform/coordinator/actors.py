@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
-    from hospitals.models import Hospital
     from rest_framework.request import Request
+
+    from hospitals.models import Hospital
 
 
 class ActorKind(StrEnum):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator import secrets
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from coordinator import secrets
 from hospitals.models import AgentToken, Hospital
 
 TOKEN_PREFIX = "msa"
