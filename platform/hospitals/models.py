@@ -1,8 +1,17 @@
-"""Hospitals of the consortium, their one-time enrolment codes and their agents' tokens."""
+"""Hospitals of the consortium, their one-time enrolment codes, their agents' tokens and
+their relay (Redis) users."""
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.db import models
+
+# Lower-case letters, digits and inner hyphens: safe in URLs, Redis key patterns (no glob
+# characters, no ``:``) and Redis ACL user names.
+SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
+slug_validator = RegexValidator(
+    SLUG_PATTERN, "lower-case letters, digits and inner hyphens, at most 64 characters"
+)
 
 
 class Hospital(models.Model):
@@ -15,15 +24,25 @@ class Hospital(models.Model):
         REJECTED = "rejected"
         SUSPENDED = "suspended"  # tokens revoked by an admin
 
+    class AgentStatus(models.TextChoices):
+        """What the agent said in its last heartbeat."""
+
+        STARTING = "starting"
+        IDLE = "idle"
+        BUSY = "busy"  # taking its turn in a job
+        ERROR = "error"
+
     name = models.CharField(max_length=200, unique=True)
-    slug = models.SlugField(max_length=64, unique=True)
+    slug = models.SlugField(max_length=64, unique=True, validators=[slug_validator])
     contact_email = models.EmailField(blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
     created_at = models.DateTimeField(auto_now_add=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     # The agent's X25519 public key (32 bytes, base64); hand-offs are encrypted to it.
     public_key = models.CharField(max_length=64, blank=True)
+    enrolled_at = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
+    agent_status = models.CharField(max_length=16, choices=AgentStatus.choices, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # Shape, count per label and split sizes as the agent reported them; never data.
     dataset_summary = models.JSONField(default=dict, blank=True)
@@ -46,6 +65,9 @@ class EnrolmentCode(models.Model):
     used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
 
 class AgentToken(models.Model):
     """A hospital agent's bearer token, stored hashed; revocation takes effect at once."""
@@ -57,6 +79,9 @@ class AgentToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
@@ -64,11 +89,18 @@ class AgentToken(models.Model):
 
 class RedisCredential(models.Model):
     """The hospital's relay user. The password is shown once, at enrolment; Redis ACLs
-    accept its SHA-256 (``#<hex>``), so the coordinator keeps only that."""
+    accept its SHA-256 (``#<hex>``), so the coordinator keeps only that.
+
+    ``key_pattern`` is the one Redis key pattern the user may touch:
+    ``medsplit:*:<slug>:*``, which covers the hospital's streams
+    ``medsplit:{job}:{slug}:up`` and ``...:down`` (docs/protocol.md) and nothing of
+    another hospital (slugs hold no ``:`` and no glob characters).
+    """
 
     hospital = models.OneToOneField(Hospital, on_delete=models.CASCADE, related_name="redis")
-    username = models.CharField(max_length=64, unique=True)
+    username = models.CharField(max_length=80, unique=True)
     password_sha256 = models.CharField(max_length=64)
-    key_prefix = models.CharField(max_length=128)
+    key_pattern = models.CharField(max_length=128)
     created_at = models.DateTimeField(auto_now_add=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
