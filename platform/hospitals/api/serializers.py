@@ -1,0 +1,211 @@
+"""What the hospitals API takes and gives. Input is refused field by field (400) when it
+is of the wrong type, out of bounds or unknown."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from accounts.api.strict import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
+from hospitals.models import AgentToken, Hospital
+from hospitals.selectors import hospital_is_online
+
+MAX_IMAGE_DIMS = 4  # (C, H, W) or (C, D, H, W)
+MAX_IMAGE_SIDE = 16384
+MAX_COUNT = 10**9
+MAX_LABELS = 1000
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+# -- the dataset summary an agent reports -------------------------------------------
+
+
+class SplitSizesSerializer(StrictSerializer):
+    """How many samples each split holds."""
+
+    train = StrictIntegerField(min_value=0, max_value=MAX_COUNT, required=False)
+    val = StrictIntegerField(min_value=0, max_value=MAX_COUNT, required=False)
+    test = StrictIntegerField(min_value=0, max_value=MAX_COUNT, required=False)
+
+
+class DatasetSummarySerializer(StrictSerializer):
+    """Sizes only, never data: the image shape, how many samples per label, per split."""
+
+    image_shape = serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=MAX_IMAGE_SIDE),
+        min_length=1,
+        max_length=MAX_IMAGE_DIMS,
+        help_text="one image's shape, channels first, e.g. [1, 28, 28]",
+    )
+    label_counts = serializers.DictField(
+        child=StrictIntegerField(min_value=0, max_value=MAX_COUNT),
+        help_text=f'samples per label, e.g. {{"0": 120, "1": 300}}; at most {MAX_LABELS} labels',
+    )
+    split_sizes = SplitSizesSerializer(help_text='e.g. {"train": 400, "val": 20}')
+
+    def validate_label_counts(self, value: dict[str, int]) -> dict[str, int]:
+        if len(value) > MAX_LABELS:
+            raise serializers.ValidationError(f"at most {MAX_LABELS} labels, got {len(value)}")
+        bad = sorted(label for label in value if not LABEL_PATTERN.fullmatch(label))[:5]
+        if bad:
+            raise serializers.ValidationError(
+                f"labels are 1 to 64 letters, digits, '_', '.' or '-': {bad!r}"
+            )
+        return value
+
+
+class HeartbeatSerializer(StrictSerializer):
+    agent_status = serializers.ChoiceField(choices=Hospital.AgentStatus.choices)
+    agent_version = StrictCharField(
+        max_length=64,
+        validators=[RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$", "e.g. 1.2.0 or 1.2.0+dev")],
+    )
+    dataset_summary = DatasetSummarySerializer()
+
+
+# -- hospitals ----------------------------------------------------------------------
+
+
+class HospitalSerializer(serializers.ModelSerializer):
+    online = serializers.SerializerMethodField(
+        help_text="heard from within HOSPITAL_OFFLINE_AFTER_SECONDS"
+    )
+    dataset_summary = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Hospital
+        fields = [
+            "slug",
+            "name",
+            "contact_email",
+            "status",
+            "created_at",
+            "approved_at",
+            "enrolled_at",
+            "online",
+            "last_seen_at",
+            "agent_status",
+            "agent_version",
+            "public_key",
+            "dataset_summary",
+        ]
+        read_only_fields = fields
+
+    def get_online(self, hospital: Hospital) -> bool:
+        return hospital_is_online(hospital=hospital)
+
+    @extend_schema_field(DatasetSummarySerializer(allow_null=True))
+    def get_dataset_summary(self, hospital: Hospital) -> dict[str, Any] | None:
+        return hospital.dataset_summary or None
+
+
+class HospitalRegisterSerializer(StrictSerializer):
+    name = StrictCharField(max_length=200)
+    slug = StrictCharField(
+        max_length=64, required=False, help_text="made from the name when left out"
+    )
+    contact_email = serializers.EmailField(required=False, allow_blank=True, default="")
+    approve = StrictBooleanField(
+        required=False,
+        default=True,
+        help_text="approve at once and issue an enrolment code (default), or leave requested",
+    )
+
+
+class JoinRequestSerializer(StrictSerializer):
+    name = StrictCharField(max_length=200)
+    slug = StrictCharField(max_length=64, required=False)
+    contact_email = serializers.EmailField()
+
+
+class JoinRequestAnswerSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    status = serializers.CharField()
+
+
+class RejectSerializer(StrictSerializer):
+    reason = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class EnrolmentCodeSerializer(serializers.Serializer):
+    code = serializers.CharField(
+        source="plaintext", help_text="msc_<key id>_<secret>: shown this once, single use"
+    )
+    key_id = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class RegistrationSerializer(serializers.Serializer):
+    hospital = HospitalSerializer()
+    enrolment_code = EnrolmentCodeSerializer(allow_null=True)
+
+
+class TokenMetadataSerializer(serializers.ModelSerializer):
+    active = serializers.BooleanField(source="is_active")
+
+    class Meta:
+        model = AgentToken
+        fields = ["key_id", "created_at", "last_used_at", "revoked_at", "active"]
+        read_only_fields = fields
+
+
+class RevocationSerializer(serializers.Serializer):
+    hospital = HospitalSerializer()
+    tokens_revoked = serializers.IntegerField()
+    codes_revoked = serializers.IntegerField()
+    relay_user_revoked = serializers.BooleanField()
+
+
+# -- agents -------------------------------------------------------------------------
+
+
+class EnrolSerializer(StrictSerializer):
+    code = StrictCharField(max_length=256, help_text="the one-time msc_... code")
+    public_key = StrictCharField(
+        max_length=64, help_text="the agent's X25519 public key: 32 bytes, base64"
+    )
+
+
+class IssuedTokenSerializer(serializers.Serializer):
+    token = serializers.CharField(
+        source="plaintext", help_text="msa_<key id>_<secret>: shown this once"
+    )
+    key_id = serializers.CharField()
+
+
+class RelayCredentialsSerializer(serializers.Serializer):
+    url = serializers.CharField(help_text="the relay's REDIS_URL")
+    username = serializers.CharField()
+    password = serializers.CharField(help_text="shown this once")
+    key_pattern = serializers.CharField(help_text="the only keys this user may touch")
+
+
+class EnrolmentSerializer(serializers.Serializer):
+    hospital = serializers.CharField(source="hospital.slug")
+    status = serializers.CharField(source="hospital.status")
+    token = IssuedTokenSerializer()
+    relay = RelayCredentialsSerializer()
+
+
+class AgentHospitalSerializer(serializers.ModelSerializer):
+    """What the coordinator now knows of the agent (its hospital is enrolled: a suspended
+    hospital's token would have been refused)."""
+
+    online = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Hospital
+        fields = ["slug", "online", "last_seen_at", "agent_status", "agent_version"]
+        read_only_fields = fields
+
+    def get_online(self, hospital: Hospital) -> bool:
+        return hospital_is_online(hospital=hospital)

@@ -1,0 +1,85 @@
+"""One-time secrets under concurrent use: only one of two racing requests wins.
+
+These need a database with row locks (PostgreSQL); run them with
+``DATABASE_URL=postgres://postgres@127.0.0.1:5432/medsplit_hosp``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.db import connection, connections
+
+from coordinator.errors import PlatformError
+from hospitals import services
+from hospitals.errors import EnrolmentCodeUsed
+from hospitals.models import AgentToken, EnrolmentCode, Hospital
+from tests.platform.audit.support import flush_past_audit_triggers
+from tests.platform.conftest import agent_actor, make_hospital
+from tests.platform.hospitals.helpers import issue_code, new_public_key
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _flushable_audit_log() -> Iterator[None]:
+    """These tests commit, so each ends with a flush, which the audit log's triggers
+    refuse unless told (the audit tests' helper)."""
+    with flush_past_audit_triggers():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent use needs PostgreSQL's row locks: set DATABASE_URL=postgres://...")
+
+
+def race(attempt: Callable[[], object], n: int = 2) -> list[object]:
+    """Run ``attempt`` in ``n`` threads released together; their results or errors."""
+    barrier = threading.Barrier(n)
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            outcome = attempt()
+        except PlatformError as e:
+            outcome = e
+        finally:
+            connections.close_all()  # this thread's connection
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == n
+    return results
+
+
+def test_one_code_used_twice_at_once_enrols_once() -> None:
+    hospital = make_hospital("lakeside", status=Hospital.Status.APPROVED)
+    code = issue_code(hospital)
+    results = race(lambda: services.agent_enrol(code=code, public_key=new_public_key()))
+    won = [r for r in results if isinstance(r, services.Enrolment)]
+    lost = [r for r in results if isinstance(r, EnrolmentCodeUsed)]
+    assert (len(won), len(lost)) == (1, 1), results
+    assert AgentToken.objects.filter(hospital=hospital).count() == 1
+    assert EnrolmentCode.objects.get().used_at is not None
+    assert Hospital.objects.get(pk=hospital.pk).public_key == Hospital.objects.get().public_key
+
+
+def test_one_token_rotated_twice_at_once_rotates_once() -> None:
+    hospital = make_hospital("lakeside", status=Hospital.Status.APPROVED)
+    enrolment = services.agent_enrol(code=issue_code(hospital), public_key=new_public_key())
+    token = AgentToken.objects.get(key_id=enrolment.token.key_id)
+    hospital.refresh_from_db()
+    results = race(lambda: services.agent_token_rotate(actor=agent_actor(hospital), token=token))
+    assert sum(isinstance(r, services.IssuedToken) for r in results) == 1, results
+    assert AgentToken.objects.filter(revoked_at__isnull=True).count() == 1
