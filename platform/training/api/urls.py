@@ -1,3 +1,42 @@
-"""API routes of the training app."""
+"""API routes of the training app (included under /api/)."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from training.api import views
+from training.states import JobState
+
+urlpatterns = [
+    path("models/", views.ModelListView.as_view(), name="model-list"),
+    path("models/<str:name>/cuts/", views.ModelCutsView.as_view(), name="model-cuts"),
+    path("jobs/", views.JobListCreateView.as_view(), name="job-list"),
+    path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<int:job_id>/status/", views.JobStatusView.as_view(), name="job-status"),
+    path("jobs/<int:job_id>/turns/", views.JobTurnsView.as_view(), name="job-turns"),
+    path("jobs/<int:job_id>/metrics/", views.JobMetricsView.as_view(), name="job-metrics"),
+    path(
+        "jobs/<int:job_id>/schedule/",
+        views.transition_view(JobState.SCHEDULED, "Schedule a draft job (consortium admins)"),
+        name="job-schedule",
+    ),
+    path(
+        "jobs/<int:job_id>/pause/",
+        views.transition_view(JobState.PAUSED, "Pause a running job (consortium admins)"),
+        name="job-pause",
+    ),
+    path(
+        "jobs/<int:job_id>/resume/",
+        views.transition_view(JobState.RUNNING, "Resume a paused job (consortium admins)"),
+        name="job-resume",
+    ),
+    path(
+        "jobs/<int:job_id>/cancel/",
+        views.transition_view(JobState.CANCELLED, "Cancel a job (consortium admins)"),
+        name="job-cancel",
+    ),
+    path("agent/assignments/", views.AgentAssignmentListView.as_view(), name="agent-assignments"),
+    path(
+        "agent/assignments/<int:job_id>/",
+        views.AgentAssignmentDetailView.as_view(),
+        name="agent-assignment",
+    ),
+]

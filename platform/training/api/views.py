@@ -1,0 +1,235 @@
+"""Thin API views of the training app: parse, call one selector or service, render."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from coordinator.actors import Actor, actor_from_request
+from coordinator.errors import InvalidInput
+from training import selectors, services
+from training.api.filters import JobFilter
+from training.api.serializers import (
+    AssignmentSerializer,
+    CutTableSerializer,
+    JobSerializer,
+    JobStatusSerializer,
+    MetricPointSerializer,
+    RegistryModelSerializer,
+    TransitionInputSerializer,
+    TurnSerializer,
+)
+from training.models import Job, MetricPoint, Turn
+from training.states import JobState
+from training.validation import JobInput
+
+
+def _actor(request: Request) -> Actor:
+    """The request's actor, worked out once per request."""
+    actor = getattr(request, "_medsplit_actor", None)
+    if actor is None:
+        actor = actor_from_request(request)
+        request._medsplit_actor = actor
+    return actor
+
+
+# Schema generation runs list views without a request user; they get an empty queryset.
+class _FakeViewMixin:
+    def _fake(self) -> bool:
+        return getattr(self, "swagger_fake_view", False)
+
+
+@extend_schema(tags=["models"])
+class ModelListView(APIView):
+    @extend_schema(
+        summary="The models jobs can train",
+        responses=RegistryModelSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_models(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class ModelCutsView(APIView):
+    @extend_schema(
+        summary="The cut table of a model at an input shape",
+        parameters=[
+            OpenApiParameter(
+                "input_shape",
+                str,
+                required=False,
+                description="channels,height,width[,depth]; default: the model's own",
+            )
+        ],
+        responses=CutTableSerializer,
+    )
+    def get(self, request: Request, name: str) -> Response:
+        table = selectors.registry_model_cuts(
+            actor=_actor(request),
+            model_name=name,
+            input_shape=request.query_params.get("input_shape"),
+        )
+        return Response(table)
+
+
+@extend_schema(tags=["jobs"])
+class JobListCreateView(_FakeViewMixin, generics.ListAPIView):
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+    queryset = Job.objects.none()
+
+    def get_queryset(self):
+        if self._fake():
+            return Job.objects.none()
+        return selectors.job_list(actor=_actor(self.request))
+
+    @extend_schema(summary="Jobs you may see (filter by state, model, hospital)")
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        summary="Create a job (consortium admins); it starts as a draft",
+        request=JobInput,
+        responses={201: JobSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        actor = _actor(request)
+        job = services.job_create(actor=actor, data=request.data)
+        job = selectors.job_get(actor=actor, job_id=job.pk)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["jobs"])
+class JobDetailView(APIView):
+    @extend_schema(summary="A job's configuration, state and participants", responses=JobSerializer)
+    def get(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_get(actor=_actor(request), job_id=job_id)
+        return Response(JobSerializer(job).data)
+
+
+@extend_schema(tags=["jobs"])
+class JobStatusView(APIView):
+    @extend_schema(
+        summary="A small, fast summary of a job's progress", responses=JobStatusSerializer
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(selectors.job_status(actor=_actor(request), job_id=job_id))
+
+
+@extend_schema(tags=["jobs"])
+class JobTurnsView(_FakeViewMixin, generics.ListAPIView):
+    serializer_class = TurnSerializer
+    filter_backends: list = []
+    queryset = Turn.objects.none()
+
+    def get_queryset(self):
+        if self._fake():
+            return Turn.objects.none()
+        job = selectors.job_get(actor=_actor(self.request), job_id=self.kwargs["job_id"])
+        return selectors.job_turns(job=job)
+
+    @extend_schema(summary="A job's turns, in order")
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+@extend_schema(tags=["jobs"])
+class JobMetricsView(_FakeViewMixin, generics.ListAPIView):
+    serializer_class = MetricPointSerializer
+    filter_backends: list = []
+    queryset = MetricPoint.objects.none()
+
+    def get_queryset(self):
+        if self._fake():
+            return MetricPoint.objects.none()
+        job = selectors.job_get(actor=_actor(self.request), job_id=self.kwargs["job_id"])
+        turn_id, since = _metrics_params(self.request)
+        return selectors.job_metrics(job=job, turn_id=turn_id, since=since)
+
+    @extend_schema(
+        summary="A job's metric points over time",
+        parameters=[
+            OpenApiParameter("turn", int, required=False, description="one turn's points"),
+            OpenApiParameter(
+                "since", OpenApiTypes.DATETIME, required=False, description="points after this"
+            ),
+        ],
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+def _metrics_params(request: Request) -> tuple[int | None, datetime | None]:
+    problems: dict[str, list[str]] = {}
+    turn_id = since = None
+    raw_turn = request.query_params.get("turn")
+    if raw_turn is not None:
+        if raw_turn.isdigit():
+            turn_id = int(raw_turn)
+        else:
+            problems["turn"] = [f"a turn id is a positive integer, got {raw_turn!r}"]
+    raw_since = request.query_params.get("since")
+    if raw_since is not None:
+        try:
+            since = parse_datetime(raw_since)
+        except ValueError:
+            since = None
+        if since is None or since.tzinfo is None:
+            problems["since"] = [f"give an ISO 8601 time with its offset, got {raw_since!r}"]
+    if problems:
+        raise InvalidInput("bad metric filters", details=problems)
+    return turn_id, since
+
+
+@extend_schema(tags=["jobs"])
+class JobTransitionView(APIView):
+    """``POST /api/jobs/{id}/<action>/``: one view, configured with the target state."""
+
+    target: JobState = JobState.SCHEDULED
+
+    @extend_schema(request=TransitionInputSerializer, responses=JobSerializer)
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        body = TransitionInputSerializer(data=request.data or {})
+        body.is_valid(raise_exception=True)
+        job = selectors.job_get(actor=actor, job_id=job_id)
+        services.job_transition(
+            job=job, to=self.target, actor=actor, reason=body.validated_data["reason"]
+        )
+        return Response(JobSerializer(selectors.job_get(actor=actor, job_id=job_id)).data)
+
+
+def transition_view(target: JobState, summary: str):
+    """The transition view for ``target``, with its own operation in the schema."""
+    view = type(
+        f"Job{target.value.title()}View",
+        (JobTransitionView,),
+        {"target": target, "__doc__": summary},
+    )
+    return extend_schema(summary=summary)(view).as_view()
+
+
+@extend_schema(tags=["agent"])
+class AgentAssignmentListView(APIView):
+    @extend_schema(
+        summary="The calling agent's scheduled and running jobs, with its turns",
+        responses=AssignmentSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        jobs = selectors.agent_assignments(actor=_actor(request))
+        return Response(AssignmentSerializer(jobs, many=True).data)
+
+
+@extend_schema(tags=["agent"])
+class AgentAssignmentDetailView(APIView):
+    @extend_schema(summary="One assignment of the calling agent", responses=AssignmentSerializer)
+    def get(self, request: Request, job_id: int) -> Response:
+        job = selectors.agent_assignment_get(actor=_actor(request), job_id=job_id)
+        return Response(AssignmentSerializer(job).data)

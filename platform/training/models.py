@@ -1,0 +1,249 @@
+"""Jobs, their participants, rounds, turns, metric points and hand-offs.
+
+Rows here are written only by :mod:`training.services` and read through
+:mod:`training.selectors`. None of them ever holds patient data, tensors or weights:
+only configuration, counters, sizes and hashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from django.conf import settings
+from django.db import models
+
+from medsplit.modes import Mode
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.config import TrainingConfig
+from training.states import JobState
+
+
+class OnFailure(models.TextChoices):
+    """What the scheduler does when a turn fails."""
+
+    RETRY = "retry"  # run the turn again, up to max_retries more times, then fail the job
+    SKIP = "skip"  # mark the turn skipped and go on with the next hospital
+    FAIL = "fail"  # fail the job at once
+
+
+MODE_CHOICES = [(m.value, m.value) for m in Mode]
+
+
+class Job(models.Model):
+    """One training run of a registry model across an ordered list of hospitals."""
+
+    name = models.CharField(max_length=200, blank=True)
+    # The model, as the medsplit registry builds it.
+    model_name = models.CharField(max_length=64, db_index=True)
+    spatial_dims = models.PositiveSmallIntegerField()
+    in_channels = models.PositiveSmallIntegerField()
+    num_classes = models.PositiveIntegerField()
+    # The (C, H, W[, D]) every participant reported when the job was created.
+    input_shape = models.JSONField(default=list)
+    mode = models.CharField(max_length=16, choices=MODE_CHOICES, default=Mode.VANILLA.value)
+    cuts = models.JSONField(default=list)
+    # Keyword arguments of medsplit's OptimizerConfig, normalised (every field present).
+    client_optimizer = models.JSONField(default=dict)
+    server_optimizer = models.JSONField(default=dict)
+    batch_size = models.PositiveIntegerField(default=32)
+    local_epochs = models.PositiveIntegerField(default=1)
+    max_steps_per_turn = models.PositiveIntegerField(null=True, blank=True)
+    rounds = models.PositiveIntegerField(default=1)
+    codec = models.CharField(max_length=16, default="none")
+    seed = models.PositiveIntegerField(default=0)
+    on_failure = models.CharField(max_length=8, choices=OnFailure.choices, default=OnFailure.RETRY)
+    max_retries = models.PositiveSmallIntegerField(default=2)
+
+    state = models.CharField(
+        max_length=16, choices=JobState.choices, default=JobState.DRAFT, db_index=True
+    )
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Denormalised by the runtime services so the status endpoint is one indexed read.
+    current_round = models.PositiveIntegerField(null=True, blank=True)
+    current_turn = models.ForeignKey(
+        "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    hospitals = models.ManyToManyField(
+        "hospitals.Hospital", through="JobParticipant", related_name="jobs"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.model_name}, {self.state})"
+
+    def training_config(self) -> TrainingConfig:
+        """The medsplit configuration workers and agents train this job with."""
+        return TrainingConfig(
+            cuts=tuple(self.cuts),
+            mode=Mode(self.mode),
+            client_optimizer=optimizer_config(self.client_optimizer),
+            server_optimizer=optimizer_config(self.server_optimizer),
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            max_steps_per_turn=self.max_steps_per_turn,
+            rounds=self.rounds,
+            codec=self.codec,
+            seed=self.seed,
+            job=f"job-{self.pk}",
+        )
+
+
+def optimizer_config(stored: dict) -> OptimizerConfig:
+    """An :class:`OptimizerConfig` from its stored JSON (betas come back as a list)."""
+    values = dict(stored)
+    if "betas" in values:
+        values["betas"] = tuple(values["betas"])
+    return OptimizerConfig(**values)
+
+
+def optimizer_json(config: OptimizerConfig) -> dict:
+    """The JSON stored for ``config``: every field, betas as a list."""
+    values = asdict(config)
+    values["betas"] = list(values["betas"])
+    return values
+
+
+class JobParticipant(models.Model):
+    """A hospital taking part in a job, at its place in the turn order."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="participants")
+    hospital = models.ForeignKey(
+        "hospitals.Hospital", on_delete=models.PROTECT, related_name="job_participations"
+    )
+    position = models.PositiveSmallIntegerField()
+    # Vertical mode (later): which features of the shared patients this party holds.
+    feature_set = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "position"], name="participant_position"),
+            models.UniqueConstraint(fields=["job", "hospital"], name="participant_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hospital} at {self.position} in job {self.job_id}"
+
+
+class Round(models.Model):
+    """Every participant taking one turn, in order."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="round_set")
+    index = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="round_once")]
+
+    def __str__(self) -> str:
+        return f"round {self.index} of job {self.job_id}"
+
+
+class Turn(models.Model):
+    """One hospital training over its local data once; a retry is a new row (attempt + 1).
+
+    The counters are cumulative over the turn and only ever grow.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        SKIPPED = "skipped"
+
+    # Denormalised from round.job: jobs' turns are read far more often than written.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="turns")
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="turns")
+    hospital = models.ForeignKey(
+        "hospitals.Hospital", on_delete=models.PROTECT, related_name="turns"
+    )
+    position = models.PositiveSmallIntegerField()
+    attempt = models.PositiveSmallIntegerField(default=1)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    steps = models.PositiveIntegerField(default=0)
+    samples = models.PositiveBigIntegerField(default=0)
+    bytes_up = models.PositiveBigIntegerField(default=0)
+    bytes_down = models.PositiveBigIntegerField(default=0)
+    last_loss = models.FloatField(null=True, blank=True)
+    # Validation metrics reported at the end of the turn, e.g. {"val_accuracy": 0.91}.
+    metrics = models.JSONField(default=dict, blank=True)
+    failure_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["round", "position", "attempt"], name="turn_attempt_once"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["job", "status"], name="turn_job_status"),
+            models.Index(fields=["hospital", "status"], name="turn_hospital_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"turn {self.pk} (job {self.job_id}, position {self.position}, {self.status})"
+
+
+class MetricPoint(models.Model):
+    """The progress of a turn at one moment; stored at a bounded rate (see services)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="metric_points")
+    step = models.PositiveIntegerField()
+    time = models.DateTimeField()
+    # None when the reported loss was not finite (a diverging run).
+    loss = models.FloatField(null=True, blank=True)
+    samples = models.PositiveBigIntegerField(default=0)
+    bytes_up = models.PositiveBigIntegerField(default=0)
+    bytes_down = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["time", "id"]
+        indexes = [
+            models.Index(fields=["turn", "step"], name="metric_turn_step"),
+            models.Index(fields=["job", "time"], name="metric_job_time"),
+        ]
+
+
+class HandOff(models.Model):
+    """Metadata of the front's weights handed from one hospital to the next after a turn.
+
+    Only the size and the SHA-256 of the ciphertext are kept. The weights are encrypted
+    by the sender for the recipient's key (X25519 + AES-GCM) and travel through the
+    relay; neither the ciphertext nor anything in clear is ever stored here. The hash
+    lets the recipient and an auditor check that what arrived is what was sent.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="handoffs")
+    turn = models.OneToOneField(Turn, on_delete=models.CASCADE, related_name="handoff")
+    sender = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
+    recipient = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
+    ciphertext_sha256 = models.CharField(max_length=64)
+    size_bytes = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]

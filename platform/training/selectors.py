@@ -1,0 +1,244 @@
+"""Reads of the training app, with who may see what.
+
+Consortium admins, observers and the system see every job; a hospital admin sees only
+the jobs their hospital takes part in. A job an actor may not see does not exist for it:
+:func:`job_get` answers ``NotFound``, never ``PermissionDenied``. A hospital's agent reads
+only its own assignments (:func:`agent_assignments`); the job endpoints are for people.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet, Sum
+
+from accounts.permissions import require_person_with_role
+from coordinator.actors import Actor, ActorKind, Role
+from coordinator.errors import InvalidInput, NotFound, PermissionDenied
+from medsplit.errors import UnknownModelError
+from medsplit.models.registry import get_model_spec, model_names
+from training.models import Job, JobParticipant, MetricPoint, Turn
+from training.states import ASSIGNED
+from training.validation import model_cut_table, parse_input_shape
+
+
+def _sees_all(actor: Actor) -> bool:
+    return (
+        actor.is_system
+        or actor.is_consortium_admin
+        or (actor.kind == ActorKind.PERSON and actor.role == Role.OBSERVER)
+    )
+
+
+def _require_reader(actor: Actor) -> None:
+    """People with a role (and the system) read jobs and the registry; agents do not."""
+    require_person_with_role(actor)
+    if actor.kind == ActorKind.HOSPITAL:
+        raise PermissionDenied("an agent token may call only the agent endpoints (/api/agent/)")
+
+
+def jobs_visible_to(*, actor: Actor) -> QuerySet[Job]:
+    """The jobs ``actor`` may see, newest first.
+
+    Raises:
+        PermissionDenied: a person without a role, or an agent.
+    """
+    _require_reader(actor)
+    jobs = Job.objects.all()
+    if _sees_all(actor):
+        return jobs
+    if actor.hospital is None:
+        return jobs.none()
+    # One row per job: a hospital takes part in a job at most once.
+    return jobs.filter(participants__hospital=actor.hospital)
+
+
+def job_list(*, actor: Actor) -> QuerySet[Job]:
+    """Jobs for a list view, participants prefetched in order."""
+    return (
+        jobs_visible_to(actor=actor)
+        .select_related("created_by")
+        .prefetch_related(_participants_prefetch())
+    )
+
+
+def job_get(*, actor: Actor, job_id: int) -> Job:
+    """One job the actor may see, with its participants and current turn.
+
+    Raises:
+        NotFound: no such job, or one the actor may not see.
+    """
+    job = (
+        jobs_visible_to(actor=actor)
+        .select_related("created_by")
+        .prefetch_related(_participants_prefetch())
+        .filter(pk=job_id)
+        .first()
+    )
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def _participants_prefetch() -> Prefetch:
+    return Prefetch(
+        "participants",
+        queryset=JobParticipant.objects.select_related("hospital").order_by("position"),
+    )
+
+
+def job_status(*, actor: Actor, job_id: int) -> dict[str, Any]:
+    """A small summary of a job's progress, in two indexed queries.
+
+    Returns:
+        state, current round and turn (with its hospital and counters), totals of all
+        turns so far and the last loss.
+    """
+    job = (
+        jobs_visible_to(actor=actor)
+        .select_related("current_turn__hospital")
+        .filter(pk=job_id)
+        .first()
+    )
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    totals = Turn.objects.filter(job_id=job.pk).aggregate(
+        steps=Sum("steps"), samples=Sum("samples"), bytes_up=Sum("bytes_up"),
+        bytes_down=Sum("bytes_down"),
+    )  # fmt: skip
+    turn = job.current_turn
+    return {
+        "id": job.pk,
+        "state": job.state,
+        "state_changed_at": job.state_changed_at,
+        "rounds": job.rounds,
+        "round": job.current_round,
+        "turn": None
+        if turn is None
+        else {
+            "id": turn.pk,
+            "position": turn.position,
+            "attempt": turn.attempt,
+            "status": turn.status,
+            "hospital": turn.hospital.slug,
+            "steps": turn.steps,
+            "samples": turn.samples,
+            "bytes_up": turn.bytes_up,
+            "bytes_down": turn.bytes_down,
+        },
+        "hospital": turn.hospital.slug if turn is not None else None,
+        "totals": {name: value or 0 for name, value in totals.items()},
+        "last_loss": turn.last_loss if turn is not None else None,
+    }
+
+
+def job_turns(*, job: Job) -> QuerySet[Turn]:
+    """A job's turns in the order they were taken: round, position, attempt."""
+    return (
+        Turn.objects.filter(job=job)
+        .select_related("hospital", "round")
+        .order_by("round__index", "position", "attempt")
+    )
+
+
+def job_metrics(
+    *, job: Job, turn_id: int | None = None, since: datetime | None = None
+) -> QuerySet[MetricPoint]:
+    """A job's metric points in time order, of one turn and after ``since`` if given.
+
+    Raises:
+        InvalidInput: ``turn_id`` is not a turn of this job.
+    """
+    points = MetricPoint.objects.filter(job=job)
+    if turn_id is not None:
+        if not Turn.objects.filter(job=job, pk=turn_id).exists():
+            raise InvalidInput(
+                f"job {job.pk} has no turn {turn_id}",
+                details={"turn": [f"job {job.pk} has no turn {turn_id}"]},
+            )
+        points = points.filter(turn_id=turn_id)
+    if since is not None:
+        points = points.filter(time__gt=since)
+    return points.order_by("time", "id")
+
+
+def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
+    """The scheduled or running jobs the acting agent's hospital takes part in.
+
+    Each job carries ``my_participation`` (its place in the order) and ``my_turns``
+    (its turns, latest last).
+
+    Raises:
+        PermissionDenied: the actor is not a hospital's agent.
+    """
+    if actor.kind != ActorKind.HOSPITAL or actor.hospital is None:
+        raise PermissionDenied("only a hospital's agent has assignments")
+    hospital = actor.hospital
+    return (
+        Job.objects.filter(participants__hospital=hospital, state__in=list(ASSIGNED))
+        .prefetch_related(
+            Prefetch(
+                "participants",
+                queryset=JobParticipant.objects.filter(hospital=hospital),
+                to_attr="my_participation",
+            ),
+            Prefetch(
+                "turns",
+                queryset=Turn.objects.filter(hospital=hospital)
+                .select_related("round")
+                .order_by("round__index", "attempt"),
+                to_attr="my_turns",
+            ),
+        )
+        .order_by("id")
+    )
+
+
+def agent_assignment_get(*, actor: Actor, job_id: int) -> Job:
+    """One assignment of the acting agent; another hospital's job is ``NotFound``."""
+    job = agent_assignments(actor=actor).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"no assignment for job {job_id}")
+    return job
+
+
+def registry_models(*, actor: Actor) -> list[dict[str, Any]]:
+    """What the model registry offers, for the dashboard's job form."""
+    _require_reader(actor)
+    rows = []
+    for name in model_names():
+        spec = get_model_spec(name)
+        rows.append(
+            {
+                "name": spec.name,
+                "description": spec.description,
+                "default_input_shape": list(spec.default_input_shape),
+                "default_cut": spec.default_cut,
+                "default_ushaped_cuts": list(spec.default_ushaped_cuts),
+            }
+        )
+    return rows
+
+
+def registry_model_cuts(
+    *, actor: Actor, model_name: str, input_shape: str | None
+) -> dict[str, Any]:
+    """The cut table of a registry model at ``input_shape`` (``"1,28,28"``; default: the
+    model's own default input shape).
+
+    Raises:
+        NotFound: no such model.
+        InvalidInput: the shape is malformed, or the model does not run on it.
+    """
+    _require_reader(actor)
+    try:
+        spec = get_model_spec(model_name)
+    except UnknownModelError as e:
+        raise NotFound(str(e)) from None
+    shape = spec.default_input_shape if input_shape is None else parse_input_shape(input_shape)
+    return {
+        "model": spec.name,
+        "input_shape": list(shape),
+        "cuts": model_cut_table(model_name=spec.name, input_shape=tuple(shape)),
+    }

@@ -1,0 +1,642 @@
+"""Writes of the training app: creating jobs, moving them through their states, and the
+runtime services the scheduler calls turn by turn.
+
+Every function here runs inside ``transaction.atomic`` and writes the audit log in the
+same transaction. Runtime services lock the job's row first (``select_for_update``) and
+then the turn's, always in that order, so two scheduler tasks working on one job run one
+after the other and cannot deadlock. They act as :meth:`Actor.system`.
+
+Idempotency, for tasks that may run twice:
+
+* ``job_start`` on a job already running is a no-op.
+* ``turn_start_next`` returns the turn already running, if there is one.
+* ``turn_record_progress`` takes cumulative counters, so a repeat changes nothing; a
+  report older than the turn's counters is ignored.
+* ``turn_finish`` on a completed turn and ``turn_fail`` on a failed or skipped turn are
+  no-ops that return the turn unchanged (no second retry is ever created).
+* ``handoff_record`` again with the same ciphertext hash returns the first record.
+
+Anything else out of order (finishing a failed turn, failing a completed one, a job
+transition not in the table) is a :class:`~coordinator.errors.Conflict`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.permissions import require_consortium_admin
+from audit.services import audit_record
+from coordinator.actors import Actor, ActorKind
+from coordinator.errors import Conflict, InvalidInput, PermissionDenied
+from hospitals.models import Hospital
+from training.models import (
+    HandOff,
+    Job,
+    JobParticipant,
+    MetricPoint,
+    OnFailure,
+    Round,
+    Turn,
+)
+from training.states import TERMINAL, JobState, Who, allowed
+from training.validation import job_spec_validate
+
+_VERBS = {
+    JobState.DRAFT: "return a job to draft",
+    JobState.SCHEDULED: "schedule a job",
+    JobState.RUNNING: "start or resume a job",
+    JobState.PAUSED: "pause a job",
+    JobState.COMPLETED: "complete a job",
+    JobState.FAILED: "fail a job",
+    JobState.CANCELLED: "cancel a job",
+}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_MAX_REASON = 2000
+_MAX_METRICS = 64
+
+
+# -- jobs -------------------------------------------------------------------------------
+
+
+def job_create(*, actor: Actor, data: Mapping[str, Any]) -> Job:
+    """Validate a job's configuration and store it as a draft.
+
+    Args:
+        actor: a consortium admin.
+        data: the configuration (see :class:`training.validation.JobInput`).
+
+    Raises:
+        PermissionDenied: the actor is not a consortium admin.
+        InvalidInput: the configuration is wrong; ``details`` names every field.
+    """
+    require_consortium_admin(actor, "create a job")
+    spec = job_spec_validate(data=data)  # before the transaction: it may take a second
+    with transaction.atomic():
+        now = timezone.now()
+        job = Job.objects.create(
+            name=spec.name,
+            model_name=spec.model_name,
+            spatial_dims=spec.spatial_dims,
+            in_channels=spec.in_channels,
+            num_classes=spec.num_classes,
+            input_shape=list(spec.input_shape),
+            mode=spec.mode,
+            cuts=list(spec.cuts),
+            client_optimizer=spec.client_optimizer,
+            server_optimizer=spec.server_optimizer,
+            batch_size=spec.batch_size,
+            local_epochs=spec.local_epochs,
+            max_steps_per_turn=spec.max_steps_per_turn,
+            rounds=spec.rounds,
+            codec=spec.codec,
+            seed=spec.seed,
+            on_failure=spec.on_failure,
+            max_retries=spec.max_retries,
+            state=JobState.DRAFT,
+            state_changed_at=now,
+            created_by=actor.user if actor.kind == ActorKind.PERSON else None,
+        )
+        JobParticipant.objects.bulk_create(
+            JobParticipant(job=job, hospital=hospital, position=position, feature_set=features)
+            for position, (hospital, features) in enumerate(spec.participants)
+        )
+        _audit(
+            actor,
+            "job.created",
+            job,
+            details={
+                "model": spec.model_name,
+                "mode": spec.mode,
+                "cuts": list(spec.cuts),
+                "rounds": spec.rounds,
+                "participants": [h.slug for h, _ in spec.participants],
+            },
+        )
+    return job
+
+
+def job_transition(*, job: Job, to: JobState | str, actor: Actor, reason: str = "") -> Job:
+    """Move ``job`` to state ``to``: the only code that changes a job's state.
+
+    The pair (current, ``to``) must be in :data:`training.states.TRANSITIONS`, and the
+    actor must be allowed to ask for it. Entering a final state closes what is still
+    open: a running turn fails, pending turns are skipped, the open round ends.
+
+    Args:
+        job: the job (its state is re-read under a row lock).
+        to: the requested state.
+        actor: a consortium admin, or the system for the scheduler's transitions.
+        reason: why, for the job's history and the audit log.
+
+    Returns:
+        The job as stored after the transition.
+
+    Raises:
+        PermissionDenied: the actor may not ask for this transition.
+        Conflict: the transition is not allowed from the job's current state (the
+            message names both states), or a participant left the consortium.
+    """
+    try:
+        requested = JobState(to)
+    except ValueError:
+        raise InvalidInput(
+            f"no job state {to!r}", details={"state": [f"no state {to!r}"]}
+        ) from None
+    if not (actor.is_system or actor.is_consortium_admin):
+        raise PermissionDenied(f"only a consortium admin may {_VERBS[requested]}")
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        current = JobState(locked.state)
+        who = allowed(current, requested)
+        if who is None:
+            raise Conflict(
+                f"job {locked.pk} is {current.value}; it cannot become {requested.value}",
+                details={"state": current.value, "requested": requested.value},
+            )
+        if who == Who.SYSTEM and not actor.is_system:
+            raise PermissionDenied(
+                f"only the scheduler may move a job from {current.value} to {requested.value}"
+            )
+        if requested == JobState.SCHEDULED:
+            _require_participants_enrolled(locked)
+        now = timezone.now()
+        closed: dict[str, int] = {}
+        if requested in TERMINAL:
+            locked.finished_at = now
+            closed = _close_open_work(locked, requested, now)
+        if requested == JobState.RUNNING and locked.started_at is None:
+            locked.started_at = now
+        locked.state = requested
+        locked.state_reason = reason[:_MAX_REASON]
+        locked.state_changed_at = now
+        locked.save(
+            update_fields=["state", "state_reason", "state_changed_at", "started_at", "finished_at"]
+        )
+        _audit(
+            actor,
+            f"job.{requested.value}",
+            locked,
+            details={"from": current.value, "to": requested.value, "reason": reason, **closed},
+        )
+    return locked
+
+
+def _require_participants_enrolled(job: Job) -> None:
+    """A job is scheduled only while all its hospitals are still enrolled."""
+    for participant in job.participants.select_related("hospital"):
+        hospital = participant.hospital
+        if hospital.status != Hospital.Status.ENROLLED:
+            raise Conflict(
+                f"hospital {hospital.slug!r} is {hospital.status}, not enrolled; "
+                "the job cannot be scheduled",
+                details={"participants": [hospital.slug]},
+            )
+
+
+def _close_open_work(job: Job, state: JobState, now: datetime) -> dict[str, int]:
+    """End the open round and turns of a job entering a final state."""
+    why = f"job {state.value}"
+    failed = job.turns.filter(status=Turn.Status.RUNNING).update(
+        status=Turn.Status.FAILED, failure_reason=why, finished_at=now
+    )
+    skipped = job.turns.filter(status=Turn.Status.PENDING).update(
+        status=Turn.Status.SKIPPED, failure_reason=why, finished_at=now
+    )
+    round_status = {
+        JobState.COMPLETED: Round.Status.COMPLETED,
+        JobState.FAILED: Round.Status.FAILED,
+        JobState.CANCELLED: Round.Status.CANCELLED,
+    }[state]
+    job.round_set.filter(status=Round.Status.RUNNING).update(status=round_status, finished_at=now)
+    return {"turns_failed": failed, "turns_skipped": skipped}
+
+
+# -- the runtime: called by the scheduler as the system ---------------------------------
+
+
+def job_start(*, job: Job) -> Job:
+    """Start a scheduled job: scheduled → running, with round 0 and its turns created in
+    the participants' order (all pending; :func:`turn_start_next` starts the first).
+
+    Idempotent: a job already running is returned as it is.
+
+    Raises:
+        Conflict: the job is neither scheduled nor running (a paused job is resumed by
+            an admin, not started again).
+    """
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state == JobState.RUNNING:
+            return locked
+        if locked.state != JobState.SCHEDULED:  # a paused job is resumed, not started
+            raise Conflict(
+                f"job {locked.pk} is {locked.state}; only a scheduled job can start",
+                details={"state": locked.state, "requested": JobState.RUNNING.value},
+            )
+        # Rows first, audit (in job_transition) last: see audit_record on lock order.
+        _round_create(job=locked, index=0)
+        locked = job_transition(
+            job=locked, to=JobState.RUNNING, actor=_system(), reason="started by the scheduler"
+        )
+    return locked
+
+
+def turn_start_next(*, job: Job) -> Turn | None:
+    """Start the job's next turn, moving to the next round or completing the job as needed.
+
+    Returns:
+        The turn now running; ``None`` when the job is not running (paused, finished)
+        or has just completed its last round.
+
+    Idempotent: while a turn is running it is returned and nothing else starts.
+    """
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state != JobState.RUNNING:
+            return None
+        running = locked.turns.filter(status=Turn.Status.RUNNING).select_related("hospital").first()
+        if running is not None:
+            return running
+        round_ = locked.round_set.filter(index=locked.current_round or 0).first()
+        if round_ is None:  # started by a bare transition: begin at round 0
+            round_ = _round_create(job=locked, index=0)
+        while True:
+            pending = (
+                round_.turns.filter(status=Turn.Status.PENDING)
+                .select_related("hospital")
+                .order_by("position", "attempt")
+                .first()
+            )
+            if pending is not None:
+                return _turn_start(job=locked, turn=pending)
+            round_.status = Round.Status.COMPLETED
+            round_.finished_at = timezone.now()
+            round_.save(update_fields=["status", "finished_at"])
+            if round_.index + 1 >= locked.rounds:
+                job_transition(
+                    job=locked,
+                    to=JobState.COMPLETED,
+                    actor=_system(),
+                    reason=f"all {locked.rounds} round(s) done",
+                )
+                return None
+            round_ = _round_create(job=locked, index=round_.index + 1)
+
+
+def _round_create(*, job: Job, index: int) -> Round:
+    round_ = Round.objects.create(
+        job=job, index=index, status=Round.Status.RUNNING, started_at=timezone.now()
+    )
+    Turn.objects.bulk_create(
+        Turn(job=job, round=round_, hospital_id=p.hospital_id, position=p.position)
+        for p in job.participants.order_by("position")
+    )
+    Job.objects.filter(pk=job.pk).update(current_round=index)
+    job.current_round = index
+    return round_
+
+
+def _turn_start(*, job: Job, turn: Turn) -> Turn:
+    turn.status = Turn.Status.RUNNING
+    turn.started_at = timezone.now()
+    turn.save(update_fields=["status", "started_at"])
+    Job.objects.filter(pk=job.pk).update(current_turn=turn)
+    job.current_turn = turn
+    _audit(
+        _system(),
+        "turn.started",
+        job,
+        turn=turn,
+        details={"round": job.current_round, "position": turn.position, "attempt": turn.attempt},
+    )
+    return turn
+
+
+def turn_record_progress(
+    *,
+    turn: Turn,
+    steps: int,
+    samples: int,
+    bytes_up: int,
+    bytes_down: int,
+    loss: float | None,
+    final: bool = False,
+    at: datetime | None = None,
+) -> MetricPoint | None:
+    """Record a running turn's progress; keep a metric point at a bounded rate.
+
+    The counters are cumulative over the turn (not increments) and always update the
+    turn. A :class:`MetricPoint` is stored only when at least
+    ``MEDSPLIT["METRICS_MIN_INTERVAL_SECONDS"]`` passed since the turn's last stored
+    point, or when this is the final step (``final``, or ``steps`` reaching the job's
+    ``max_steps_per_turn``), and never twice for one step.
+
+    Args:
+        turn: a running turn.
+        steps, samples, bytes_up, bytes_down: totals of the turn so far.
+        loss: the last training loss; a non-finite loss is stored as ``None``.
+        final: this is the turn's last step.
+        at: when the progress was measured (default: now).
+
+    Returns:
+        The stored point, or ``None`` when none was due (or the report was stale).
+
+    Raises:
+        InvalidInput: a counter is not a non-negative integer.
+        Conflict: the turn is not running.
+    """
+    counters = {"steps": steps, "samples": samples, "bytes_up": bytes_up, "bytes_down": bytes_down}
+    bad = {
+        name: ["must be an integer >= 0"]
+        for name, value in counters.items()
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0
+    }
+    if bad:
+        raise InvalidInput("progress counters must be integers >= 0", details=bad)
+    at = at or timezone.now()
+    loss_value = float(loss) if loss is not None and math.isfinite(loss) else None
+    with transaction.atomic():
+        locked = Turn.objects.select_for_update().select_related("job").get(pk=turn.pk)
+        if locked.status != Turn.Status.RUNNING:
+            raise Conflict(
+                f"turn {locked.pk} is {locked.status}; progress is recorded only while it runs",
+                details={"status": locked.status},
+            )
+        if steps < locked.steps:
+            return None  # an older report arriving late: the turn already knows more
+        for name, value in counters.items():
+            setattr(locked, name, max(getattr(locked, name), value))
+        locked.last_loss = loss_value
+        locked.save(update_fields=[*counters, "last_loss"])
+        cap = locked.job.max_steps_per_turn
+        is_final = final or (cap is not None and steps >= cap)
+        return _metric_point_maybe(turn=locked, at=at, final=is_final)
+
+
+def _metric_point_maybe(*, turn: Turn, at: datetime, final: bool) -> MetricPoint | None:
+    """Store the turn's current counters as a point, if one is due."""
+    last = turn.metric_points.order_by("-step").values("step", "time").first()
+    if last is not None:
+        if turn.steps <= last["step"]:
+            return None
+        interval = settings.MEDSPLIT["METRICS_MIN_INTERVAL_SECONDS"]
+        if not final and (at - last["time"]).total_seconds() < interval:
+            return None
+    return MetricPoint.objects.create(
+        job_id=turn.job_id,
+        turn=turn,
+        step=turn.steps,
+        time=at,
+        loss=turn.last_loss,
+        samples=turn.samples,
+        bytes_up=turn.bytes_up,
+        bytes_down=turn.bytes_down,
+    )
+
+
+def turn_finish(*, turn: Turn, metrics: Mapping[str, float]) -> Turn:
+    """Mark a running turn completed with its validation metrics.
+
+    The turn's last progress is stored as a final metric point if the rate bound had
+    held it back. The next turn is started by :func:`turn_start_next`, not here.
+
+    Idempotent: finishing a completed turn returns it unchanged (its first metrics kept).
+
+    Raises:
+        InvalidInput: ``metrics`` is not a small map of names to finite numbers.
+        Conflict: the turn is pending, failed or skipped.
+    """
+    clean = _clean_metrics(metrics)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=turn.job_id)
+        locked = Turn.objects.select_for_update().select_related("hospital").get(pk=turn.pk)
+        if locked.status == Turn.Status.COMPLETED:
+            return locked
+        if locked.status != Turn.Status.RUNNING:
+            raise Conflict(
+                f"turn {locked.pk} is {locked.status}; only a running turn can finish",
+                details={"status": locked.status},
+            )
+        now = timezone.now()
+        if locked.steps > 0:
+            _metric_point_maybe(turn=locked, at=now, final=True)
+        locked.status = Turn.Status.COMPLETED
+        locked.finished_at = now
+        locked.metrics = clean
+        locked.save(update_fields=["status", "finished_at", "metrics"])
+        _audit(
+            _system(),
+            "turn.finished",
+            job,
+            turn=locked,
+            details={
+                "steps": locked.steps,
+                "samples": locked.samples,
+                "bytes_up": locked.bytes_up,
+                "bytes_down": locked.bytes_down,
+                "metrics": clean,
+            },
+        )
+    return locked
+
+
+def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    if not isinstance(metrics, Mapping) or len(metrics) > _MAX_METRICS:
+        raise InvalidInput(
+            "metrics must be a map of names to numbers",
+            details={"metrics": [f"give at most {_MAX_METRICS} name: number pairs"]},
+        )
+    clean: dict[str, float] = {}
+    for name, value in metrics.items():
+        ok_name = isinstance(name, str) and 0 < len(name) <= 64
+        ok_value = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (ok_name and ok_value and math.isfinite(value)):
+            raise InvalidInput(
+                "metrics must be a map of names to finite numbers",
+                details={"metrics": [f"{name!r}: {value!r} is not a name and a finite number"]},
+            )
+        clean[name] = float(value)
+    return clean
+
+
+def turn_fail(*, turn: Turn, reason: str) -> Turn:
+    """Mark a running turn failed and apply the job's on-failure policy.
+
+    * ``retry``: a new attempt of the same turn is queued (pending) while the turn has
+      been tried at most ``max_retries`` times; after that the job fails.
+    * ``skip``: the turn is marked skipped (its reason kept) and the job goes on.
+    * ``fail``: the job fails.
+
+    Idempotent: failing a turn already failed or skipped returns it unchanged.
+
+    Raises:
+        Conflict: the turn is pending or completed.
+    """
+    reason = (str(reason) or "no reason given")[:_MAX_REASON]
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=turn.job_id)
+        locked = Turn.objects.select_for_update().select_related("hospital").get(pk=turn.pk)
+        if locked.status in (Turn.Status.FAILED, Turn.Status.SKIPPED):
+            return locked
+        if locked.status != Turn.Status.RUNNING:
+            raise Conflict(
+                f"turn {locked.pk} is {locked.status}; only a running turn can fail",
+                details={"status": locked.status},
+            )
+        locked.finished_at = timezone.now()
+        locked.failure_reason = reason
+        retry: Turn | None = None
+        if job.on_failure == OnFailure.SKIP:
+            locked.status = Turn.Status.SKIPPED
+            outcome = "skipped"
+        else:
+            locked.status = Turn.Status.FAILED
+            if job.on_failure == OnFailure.RETRY and locked.attempt <= job.max_retries:
+                outcome = "retry"
+            else:
+                outcome = "job failed"
+        locked.save(update_fields=["status", "finished_at", "failure_reason"])
+        if outcome == "retry":
+            retry = Turn.objects.create(
+                job=job,
+                round_id=locked.round_id,
+                hospital_id=locked.hospital_id,
+                position=locked.position,
+                attempt=locked.attempt + 1,
+            )
+        if outcome == "job failed" and job.state in (JobState.RUNNING, JobState.PAUSED):
+            tries = f" after {locked.attempt} attempts" if job.on_failure == OnFailure.RETRY else ""
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                actor=_system(),
+                reason=f"turn {locked.pk} of {locked.hospital.slug} failed{tries}: {reason}",
+            )
+        # Audited after job_transition's row updates: audit_record is called last.
+        _audit(
+            _system(),
+            "turn.failed",
+            job,
+            turn=locked,
+            details={
+                "reason": reason,
+                "attempt": locked.attempt,
+                "policy": job.on_failure,
+                "outcome": outcome,
+                "retry_turn": retry.pk if retry else None,
+                "bytes_up": locked.bytes_up,
+                "bytes_down": locked.bytes_down,
+            },
+        )
+    return locked
+
+
+def handoff_record(
+    *, turn: Turn, sender: Hospital, recipient: Hospital, ciphertext_sha256: str, size_bytes: int
+) -> HandOff:
+    """Record that ``sender`` handed its front's weights to ``recipient`` after ``turn``.
+
+    Only metadata is stored: the ciphertext's size and SHA-256. The ciphertext itself
+    (weights encrypted for the recipient's key) travels through the relay and is never
+    stored by the coordinator, in clear or otherwise.
+
+    Idempotent: the same record again returns the first one.
+
+    Raises:
+        InvalidInput: bad hash or size, the sender did not take the turn, or the
+            recipient is not another participant of the job.
+        Conflict: the turn is not running or completed, or it was already handed off
+            with a different ciphertext.
+    """
+    bad: dict[str, list[str]] = {}
+    if not isinstance(ciphertext_sha256, str) or not _SHA256.fullmatch(ciphertext_sha256):
+        bad["ciphertext_sha256"] = ["must be 64 lower-case hexadecimal digits"]
+    if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes < 1:
+        bad["size_bytes"] = ["must be an integer >= 1"]
+    if sender.pk != turn.hospital_id:
+        bad["sender"] = [f"turn {turn.pk} was not taken by {sender.slug!r}"]
+    if recipient.pk == sender.pk:
+        bad["recipient"] = ["a hospital does not hand off to itself"]
+    elif not JobParticipant.objects.filter(job_id=turn.job_id, hospital=recipient).exists():
+        bad["recipient"] = [f"{recipient.slug!r} does not take part in job {turn.job_id}"]
+    if bad:
+        raise InvalidInput("the hand-off record is not valid", details=bad)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=turn.job_id)
+        locked = Turn.objects.select_for_update().get(pk=turn.pk)
+        existing = HandOff.objects.filter(turn=locked).first()
+        if existing is not None:
+            same = (existing.ciphertext_sha256, existing.size_bytes, existing.recipient_id) == (
+                ciphertext_sha256,
+                size_bytes,
+                recipient.pk,
+            )
+            if same:
+                return existing
+            raise Conflict(
+                f"turn {locked.pk} was already handed off with another ciphertext",
+                details={"ciphertext_sha256": existing.ciphertext_sha256},
+            )
+        if locked.status not in (Turn.Status.RUNNING, Turn.Status.COMPLETED):
+            raise Conflict(
+                f"turn {locked.pk} is {locked.status}; only a running or completed turn "
+                "hands off its weights",
+                details={"status": locked.status},
+            )
+        handoff = HandOff.objects.create(
+            job=job,
+            turn=locked,
+            sender=sender,
+            recipient=recipient,
+            ciphertext_sha256=ciphertext_sha256,
+            size_bytes=size_bytes,
+            created_at=timezone.now(),
+        )
+        _audit(
+            _system(),
+            "handoff.recorded",
+            job,
+            hospital=sender.slug,
+            details={
+                "turn": locked.pk,
+                "sender": sender.slug,
+                "recipient": recipient.slug,
+                "size_bytes": size_bytes,
+                "ciphertext_sha256": ciphertext_sha256,
+            },
+        )
+    return handoff
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _system() -> Actor:
+    return Actor.system()
+
+
+def _audit(
+    actor: Actor,
+    action: str,
+    job: Job,
+    *,
+    turn: Turn | None = None,
+    hospital: str = "",
+    details: Mapping[str, Any] | None = None,
+) -> None:
+    if turn is not None:
+        target = f"turn:{turn.pk}"
+        hospital = hospital or turn.hospital.slug
+    else:
+        target = f"job:{job.pk}"
+    audit_record(
+        actor=actor, action=action, target=target, hospital=hospital, job_id=job.pk, details=details
+    )

@@ -1,0 +1,581 @@
+"""Checking a job's configuration against the registry, the cut table and the hospitals.
+
+:func:`job_spec_validate` checks everything a job names, server-side, and raises one
+:class:`~coordinator.errors.InvalidInput` whose ``details`` map each wrong field to all
+of its reasons, so a form can show every problem at once. Syntax (types, ranges, unknown
+fields) is checked by a DRF serializer; meaning (the model exists, the cuts exist and fit
+the participants' reported data, the optimizers are valid...) by medsplit itself.
+
+Building a model and tracing it costs up to a second (DenseNet121), so the results are
+cached per (model, parameters, input shape, cuts) with small LRU caches.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Any
+
+import torch
+from rest_framework import serializers
+from rest_framework.fields import SkipField
+from torch import nn
+
+from coordinator.errors import InvalidInput, NotFound
+from hospitals.models import Hospital
+from medsplit.cutting.split import split_model
+from medsplit.cutting.table import CutInfo, cut_table
+from medsplit.errors import ConfigError, CutError, UnknownModelError
+from medsplit.models.registry import ModelSpec, build_model, get_model_spec
+from medsplit.modes import Mode
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.config import CUTS_PER_MODE
+from medsplit.wire.codecs import CODECS
+from training.models import OnFailure, optimizer_json
+
+#: Largest input one sample may have when the coordinator traces a model for it.
+MAX_INPUT_VALUES = 2**21
+MAX_PARTICIPANTS = 64
+
+
+class ParticipantInput(serializers.Serializer):
+    hospital = serializers.SlugField(max_length=64, help_text="the hospital's slug")
+    feature_set = serializers.CharField(
+        max_length=64,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="vertical mode only: which features this hospital holds",
+    )
+
+
+class JobInput(serializers.Serializer):
+    """What ``POST /api/jobs/`` takes. Optional parameters default as shown."""
+
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    model = serializers.CharField(max_length=64, help_text="a name from GET /api/models/")
+    spatial_dims = serializers.IntegerField(
+        min_value=2,
+        max_value=3,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="default: from the participants' image shape",
+    )
+    in_channels = serializers.IntegerField(
+        min_value=1,
+        max_value=64,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="default: from the participants' image shape",
+    )
+    num_classes = serializers.IntegerField(min_value=2, max_value=10_000)
+    mode = serializers.CharField(max_length=16, required=False, default=Mode.VANILLA.value)
+    cuts = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        min_length=1,
+        max_length=8,
+        help_text="one cut for vanilla, two for ushaped (see GET /api/models/{name}/cuts/)",
+    )
+    client_optimizer = serializers.DictField(required=False, default=dict)
+    server_optimizer = serializers.DictField(required=False, default=dict)
+    batch_size = serializers.IntegerField(min_value=1, max_value=4096, required=False, default=32)
+    local_epochs = serializers.IntegerField(min_value=1, max_value=100, required=False, default=1)
+    max_steps_per_turn = serializers.IntegerField(
+        min_value=1, max_value=1_000_000, required=False, allow_null=True, default=None
+    )
+    rounds = serializers.IntegerField(min_value=1, max_value=1000, required=False, default=1)
+    codec = serializers.CharField(max_length=16, required=False, default="none")
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, default=0)
+    on_failure = serializers.ChoiceField(
+        choices=OnFailure.choices, required=False, default=OnFailure.RETRY
+    )
+    max_retries = serializers.IntegerField(min_value=0, max_value=10, required=False, default=2)
+    participants = ParticipantInput(many=True, allow_empty=False, max_length=MAX_PARTICIPANTS)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job's configuration after validation: normalised and ready to store."""
+
+    name: str
+    model_name: str
+    spatial_dims: int
+    in_channels: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    mode: str
+    cuts: tuple[str, ...]
+    client_optimizer: dict
+    server_optimizer: dict
+    batch_size: int
+    local_epochs: int
+    max_steps_per_turn: int | None
+    rounds: int
+    codec: str
+    seed: int
+    on_failure: str
+    max_retries: int
+    participants: tuple[tuple[Hospital, str], ...]  # (hospital, feature set), in turn order
+
+
+class _Errors:
+    """Reasons collected per field."""
+
+    def __init__(self) -> None:
+        self.by_field: dict[str, list[str]] = {}
+
+    def add(self, field: str, reason: str) -> None:
+        self.by_field.setdefault(field, []).append(reason)
+
+    def __contains__(self, field: str) -> bool:
+        return field in self.by_field
+
+
+def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
+    """Check a job's configuration and return it normalised.
+
+    Args:
+        data: the request body of ``POST /api/jobs/`` (see :class:`JobInput`).
+
+    Returns:
+        The :class:`JobSpec` to store.
+
+    Raises:
+        InvalidInput: with ``details`` naming every wrong field and all its reasons.
+    """
+    if not isinstance(data, Mapping):
+        raise InvalidInput(
+            "a job is a JSON object", details={"non_field_errors": ["not an object"]}
+        )
+    errors = _Errors()
+    known = set(JobInput().fields)
+    for key in sorted(set(data) - known):
+        errors.add(str(key), f"unknown field; known fields: {', '.join(sorted(known))}")
+    syntax = JobInput(data=data)
+    syntax.is_valid()
+    for field, problems in syntax.errors.items():
+        for reason in _flatten(problems):
+            errors.add(field, reason)
+    # Fields that failed their syntax check are left out of the checks of meaning.
+    values = {k: v for k, v in _values(syntax, data).items() if k not in errors}
+
+    mode = _check_mode(values, errors)
+    spec = _check_model(values, errors)
+    _check_codec(values, errors)
+    optimizers = {
+        side: _check_optimizer(values, side, errors)
+        for side in ("client_optimizer", "server_optimizer")
+    }
+    participants = _check_participants(values, mode, errors)
+    shape = _common_shape(participants, errors) if participants else None
+    spatial_dims, in_channels = _check_dims(values, shape, errors)
+    _check_labels(values, participants or (), errors)
+    cuts = _check_cuts(values, mode, spec, shape, spatial_dims, in_channels, errors)
+
+    if errors.by_field:
+        fields_named = ", ".join(sorted(errors.by_field))
+        raise InvalidInput(f"the job is not valid: see {fields_named}", details=errors.by_field)
+    assert spec is not None and shape is not None and participants is not None
+    return JobSpec(
+        name=values["name"],
+        model_name=spec.name,
+        spatial_dims=spatial_dims,
+        in_channels=in_channels,
+        num_classes=values["num_classes"],
+        input_shape=shape,
+        mode=mode.value,
+        cuts=cuts,
+        client_optimizer=optimizer_json(optimizers["client_optimizer"]),
+        server_optimizer=optimizer_json(optimizers["server_optimizer"]),
+        batch_size=values["batch_size"],
+        local_epochs=values["local_epochs"],
+        max_steps_per_turn=values["max_steps_per_turn"],
+        rounds=values["rounds"],
+        codec=values["codec"],
+        seed=values["seed"],
+        on_failure=values["on_failure"],
+        max_retries=values["max_retries"],
+        participants=tuple((p.hospital, p.feature_set) for p in participants),
+    )
+
+
+def _values(syntax: JobInput, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Each field's parsed value, for the fields that parsed (defaults filled in)."""
+    values: dict[str, Any] = {}
+    for name, field in syntax.fields.items():
+        raw = data.get(name, serializers.empty)
+        try:
+            values[name] = field.run_validation(raw)
+        except (serializers.ValidationError, SkipField):
+            continue  # syntax.errors reports it
+    return values
+
+
+def _flatten(problems: Any, prefix: str = "") -> list[str]:
+    """DRF's nested error structure as flat strings (``item 2: hospital: ...``)."""
+    if isinstance(problems, Mapping):  # by field name, or by list index (from 0)
+        return [
+            reason
+            for key, value in problems.items()
+            for reason in _flatten(
+                value, f"{prefix}item {key + 1}: " if isinstance(key, int) else f"{prefix}{key}: "
+            )
+        ]
+    if isinstance(problems, list | tuple):
+        if all(isinstance(p, str) for p in problems):
+            return [f"{prefix}{p}" for p in problems]
+        return [
+            r for i, p in enumerate(problems, 1) if p for r in _flatten(p, f"{prefix}item {i}: ")
+        ]
+    return [f"{prefix}{problems}"]
+
+
+def _check_mode(values: dict[str, Any], errors: _Errors) -> Mode | None:
+    if "mode" not in values:
+        return None
+    try:
+        mode = Mode(values["mode"])
+    except ValueError:
+        modes = ", ".join(m.value for m in Mode)
+        errors.add("mode", f"unknown mode {values['mode']!r}; modes: {modes}")
+        return None
+    if mode not in CUTS_PER_MODE:
+        available = " or ".join(m.value for m in CUTS_PER_MODE)
+        errors.add("mode", f"mode {mode.value!r} is not available yet; use {available}")
+        return None
+    return mode
+
+
+def _check_model(values: dict[str, Any], errors: _Errors) -> ModelSpec | None:
+    if "model" not in values:
+        return None
+    try:
+        return get_model_spec(values["model"])
+    except UnknownModelError as e:
+        errors.add("model", str(e))
+        return None
+
+
+def _check_codec(values: dict[str, Any], errors: _Errors) -> None:
+    if "codec" in values and values["codec"] not in CODECS:
+        errors.add("codec", f"unknown codec {values['codec']!r}; known codecs: {', '.join(CODECS)}")
+
+
+_OPTIMIZER_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "lr": (int, float),
+    "momentum": (int, float),
+    "weight_decay": (int, float),
+    "betas": (list,),
+    "schedule": (str,),
+    "step_size": (int,),
+    "gamma": (int, float),
+    "total_steps": (int,),
+}
+
+
+def _check_optimizer(values: dict[str, Any], side: str, errors: _Errors) -> OptimizerConfig | None:
+    """An OptimizerConfig from JSON; medsplit's ConfigError message is the reason."""
+    if side not in values:
+        return None
+    raw = values[side]
+    known = {f.name for f in fields(OptimizerConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        errors.add(side, f"unknown option(s) {unknown}; options: {', '.join(sorted(known))}")
+        return None
+    for key, value in raw.items():
+        wrong_type = isinstance(value, bool) or not isinstance(value, _OPTIMIZER_TYPES[key])
+        if wrong_type or (isinstance(value, float) and not math.isfinite(value)):
+            errors.add(side, f"{key} has the wrong type or value: {value!r}")
+            return None
+    args = dict(raw)
+    if "betas" in args:
+        betas = args["betas"]
+        if len(betas) != 2 or not all(_is_number(b) for b in betas):
+            errors.add(side, f"betas must be two numbers in [0, 1), got {betas!r}")
+            return None
+        args["betas"] = tuple(betas)
+    try:
+        return OptimizerConfig(**args)
+    except ConfigError as e:
+        errors.add(side, str(e))
+        return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class _Participant:
+    hospital: Hospital
+    feature_set: str
+
+
+def _check_participants(
+    values: dict[str, Any], mode: Mode | None, errors: _Errors
+) -> list[_Participant] | None:
+    """The participants in order, or ``None`` when any of them is unusable."""
+    if "participants" not in values:
+        return None
+    entries = values["participants"]
+    slugs = [entry["hospital"] for entry in entries]
+    found = {h.slug: h for h in Hospital.objects.filter(slug__in=slugs)}
+    ok = True
+    seen: set[str] = set()
+    for slug in slugs:
+        if slug in seen:
+            errors.add("participants", f"hospital {slug!r} is listed more than once")
+            ok = False
+        seen.add(slug)
+    for slug in dict.fromkeys(slugs):
+        hospital = found.get(slug)
+        if hospital is None:
+            errors.add("participants", f"no hospital {slug!r}")
+            ok = False
+        elif hospital.status != Hospital.Status.ENROLLED:
+            errors.add(
+                "participants",
+                f"hospital {slug!r} is not enrolled (status: {hospital.status}); "
+                "only enrolled hospitals with a running agent can take part",
+            )
+            ok = False
+        elif not hospital.dataset_summary:
+            errors.add(
+                "participants",
+                f"hospital {slug!r} has not reported a dataset summary yet; "
+                "start its agent so it can report the shape of its data",
+            )
+            ok = False
+    if mode is not None and mode != Mode.VERTICAL:
+        for entry in entries:
+            if entry.get("feature_set"):
+                errors.add("participants", "feature_set is used only in vertical mode")
+                ok = False
+                break
+    if not ok:
+        return None
+    return [_Participant(found[e["hospital"]], e.get("feature_set", "")) for e in entries]
+
+
+def _common_shape(participants: list[_Participant], errors: _Errors) -> tuple[int, ...] | None:
+    """The one image shape every participant reported, or ``None`` (with a reason)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for p in participants:
+        raw = p.hospital.dataset_summary.get("image_shape")
+        shape = _as_shape(raw)
+        if shape is None:
+            errors.add(
+                "participants",
+                f"hospital {p.hospital.slug!r} reported an unusable image shape {raw!r}; "
+                "expected [channels, height, width] or [channels, height, width, depth]",
+            )
+            return None
+        shapes[p.hospital.slug] = shape
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{slug} {list(shape)}" for slug, shape in shapes.items())
+        errors.add(
+            "participants",
+            f"participants must all have data of one image shape; they reported: {listed}",
+        )
+        return None
+    return next(iter(shapes.values()))
+
+
+def _as_shape(raw: object) -> tuple[int, ...] | None:
+    if not isinstance(raw, list | tuple) or len(raw) not in (3, 4):
+        return None
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in raw):
+        return None
+    if math.prod(raw) > MAX_INPUT_VALUES:
+        return None
+    return tuple(raw)
+
+
+def _check_dims(
+    values: dict[str, Any], shape: tuple[int, ...] | None, errors: _Errors
+) -> tuple[int | None, int | None]:
+    """spatial_dims and in_channels: from the shape, or checked against it when given."""
+    spatial_dims = values.get("spatial_dims")
+    in_channels = values.get("in_channels")
+    if shape is None:
+        return spatial_dims, in_channels
+    if spatial_dims is not None and spatial_dims != len(shape) - 1:
+        errors.add(
+            "spatial_dims",
+            f"the participants' data has shape {list(shape)}, so spatial_dims is "
+            f"{len(shape) - 1}, not {spatial_dims}",
+        )
+    if in_channels is not None and in_channels != shape[0]:
+        errors.add(
+            "in_channels",
+            f"the participants' data has shape {list(shape)}, so in_channels is "
+            f"{shape[0]}, not {in_channels}",
+        )
+    return len(shape) - 1, shape[0]
+
+
+def _check_labels(
+    values: dict[str, Any], participants: list[_Participant] | tuple, errors: _Errors
+) -> None:
+    """num_classes must cover every label a participant reported."""
+    if "num_classes" not in values:
+        return
+    labels: set[str] = set()
+    for p in participants:
+        counts = p.hospital.dataset_summary.get("label_counts") or {}
+        if isinstance(counts, Mapping):
+            labels.update(str(label) for label in counts)
+    needed = len(labels)
+    numeric = [int(label) for label in labels if label.isdigit()]
+    if numeric:
+        needed = max(needed, max(numeric) + 1)
+    if values["num_classes"] < needed:
+        shown = ", ".join(sorted(labels, key=lambda s: (len(s), s)))
+        errors.add(
+            "num_classes",
+            f"the participants report labels {shown}, so num_classes must be at least "
+            f"{needed}, not {values['num_classes']}",
+        )
+
+
+def _check_cuts(
+    values: dict[str, Any],
+    mode: Mode | None,
+    spec: ModelSpec | None,
+    shape: tuple[int, ...] | None,
+    spatial_dims: int | None,
+    in_channels: int | None,
+    errors: _Errors,
+) -> tuple[str, ...]:
+    """The cuts exist in the model's cut table, suit the mode, and split the model."""
+    if "cuts" not in values:
+        return ()
+    cuts = tuple(values["cuts"])
+    if mode is not None and len(cuts) != CUTS_PER_MODE[mode]:
+        need = CUTS_PER_MODE[mode]
+        errors.add("cuts", f"{mode.value} mode needs {need} cut(s), got {len(cuts)}: {list(cuts)}")
+    if spec is None or "num_classes" not in values or "spatial_dims" in errors:
+        return cuts
+    num_classes = values["num_classes"]
+    # Cut names are checked at the participants' shape, or at the model's default one
+    # while the participants give none, so an unknown cut is reported either way.
+    table_shape = shape or spec.default_input_shape
+    table_dims = spatial_dims if shape is not None else len(table_shape) - 1
+    table_channels = (in_channels if shape is not None else None) or table_shape[0]
+    rows, problem = _cut_table_cached(
+        spec.name, table_dims, table_channels, num_classes, tuple(table_shape)
+    )
+    if problem is not None:
+        if shape is not None:
+            errors.add(
+                "model",
+                f"{spec.name} does not fit the participants' data shape {list(shape)}: {problem}",
+            )
+        return cuts
+    valid = [row.name for row in rows]
+    unknown = [cut for cut in cuts if cut not in valid]
+    for cut in unknown:
+        errors.add("cuts", f"unknown cut {cut!r} for {spec.name}; valid cuts: {', '.join(valid)}")
+    if unknown or shape is None or "cuts" in errors or "in_channels" in errors:
+        return cuts
+    problem = _split_error(spec.name, spatial_dims, in_channels, num_classes, shape, cuts)
+    if problem is not None:
+        errors.add("cuts", problem)
+    return cuts
+
+
+# -- the cached, expensive part ---------------------------------------------------------
+
+#: Serialises model builds and traces in this process. torch.fx patches
+#: ``nn.Module.__call__`` globally while it traces, so two threads tracing at once could
+#: see each other's patches; it also keeps a burst of requests to one CPU-heavy trace at
+#: a time.
+_TRACE_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=4)
+def _model(name: str, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    """A built model, shared by the caches below: only ever traced, never trained."""
+    return build_model(
+        name, spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes, seed=0
+    )
+
+
+@lru_cache(maxsize=32)
+def _cut_table_cached(
+    name: str, spatial_dims: int, in_channels: int, num_classes: int, shape: tuple[int, ...]
+) -> tuple[tuple[CutInfo, ...], str | None]:
+    """The cut table at ``shape``, or the reason the model does not run on it."""
+    try:
+        with _TRACE_LOCK, torch.no_grad():
+            model = _model(name, spatial_dims, in_channels, num_classes)
+            return tuple(cut_table(model, torch.zeros(2, *shape))), None
+    except (CutError, ConfigError) as e:
+        return (), str(e)
+
+
+@lru_cache(maxsize=32)
+def _split_error(
+    name: str,
+    spatial_dims: int,
+    in_channels: int,
+    num_classes: int,
+    shape: tuple[int, ...],
+    cuts: tuple[str, ...],
+) -> str | None:
+    """Why ``split_model`` refuses these cuts at ``shape``, or ``None`` when it accepts."""
+    try:
+        with _TRACE_LOCK:
+            model = _model(name, spatial_dims, in_channels, num_classes)
+            split_model(model, torch.zeros(2, *shape), cuts)
+    except (CutError, ConfigError) as e:
+        return str(e)
+    return None
+
+
+def parse_input_shape(raw: str | None) -> tuple[int, ...]:
+    """``"1,28,28"`` as a shape; InvalidInput naming ``input_shape`` otherwise."""
+    try:
+        shape = tuple(int(part) for part in (raw or "").split(","))
+    except ValueError:
+        shape = ()
+    if _as_shape(list(shape)) is None:
+        raise InvalidInput(
+            "input_shape is not a usable shape",
+            details={
+                "input_shape": [
+                    "give channels,height,width (or channels,height,width,depth) as positive "
+                    f"integers, at most {MAX_INPUT_VALUES} values in all; got {raw!r}"
+                ]
+            },
+        )
+    return shape
+
+
+def model_cut_table(*, model_name: str, input_shape: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The cut table of a registry model at ``input_shape`` as JSON rows.
+
+    Raises:
+        NotFound: no such model.
+        InvalidInput: the model does not run on inputs of that shape.
+    """
+    try:
+        spec = get_model_spec(model_name)
+    except UnknownModelError as e:
+        raise NotFound(str(e)) from None
+    rows, problem = _cut_table_cached(
+        spec.name, len(input_shape) - 1, input_shape[0], 2, tuple(input_shape)
+    )
+    if problem is not None:
+        raise InvalidInput(
+            f"{spec.name} does not run on inputs of shape {list(input_shape)}",
+            details={"input_shape": [problem]},
+        )
+    return [row.to_json() for row in rows]
