@@ -1,0 +1,322 @@
+"""The training API: every endpoint's success, each role's denial, cross-hospital 404s and
+the error body of bad input."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from drf_spectacular.validation import validate_schema
+from rest_framework.test import APIClient
+
+from audit.models import AuditEvent
+from training import services
+from training.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def error(response, status: int, code: str) -> dict:
+    """Check the one error shape and return its details."""
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"code", "message", "details"}
+    assert body["code"] == code and body["message"]
+    return body["details"]
+
+
+@pytest.fixture
+def jobs(make_job, hospital_a, hospital_b, hospital_c) -> dict[str, Job]:
+    """``ac``: St Mary's and Northside; ``bc``: City General and Northside."""
+    return {
+        "ac": make_job(participants=[{"hospital": h.slug} for h in (hospital_a, hospital_c)]),
+        "bc": make_job(participants=[{"hospital": h.slug} for h in (hospital_b, hospital_c)]),
+    }
+
+
+@pytest.fixture
+def admin(client_for, consortium_admin) -> APIClient:
+    return client_for(consortium_admin)
+
+
+@pytest.fixture
+def hal(client_for, hospital_admin) -> APIClient:
+    """Hospital admin of St Mary's (hospital A)."""
+    return client_for(hospital_admin)
+
+
+@pytest.fixture
+def olga(client_for, observer) -> APIClient:
+    return client_for(observer)
+
+
+@pytest.fixture
+def nora(client_for, no_role_person) -> APIClient:
+    return client_for(no_role_person)
+
+
+def started(job: Job) -> Job:
+    Job.objects.filter(pk=job.pk).update(state="scheduled")
+    job = services.job_start(job=job)
+    turn = services.turn_start_next(job=job)
+    services.turn_record_progress(
+        turn=turn, steps=3, samples=48, bytes_up=300, bytes_down=270, loss=0.7
+    )
+    return job
+
+
+# -- the registry -----------------------------------------------------------------------
+
+
+def test_models_lists_the_registry(admin, olga) -> None:
+    for client in (admin, olga):
+        response = client.get("/api/models/")
+        assert response.status_code == 200
+        small = {m["name"]: m for m in response.json()}["small_cnn"]
+        assert small["default_input_shape"] == [1, 28, 28] and small["default_cut"] == "pool1"
+
+
+def test_models_refuse_no_role_agents_and_strangers(nora, agent_client, hospital_a) -> None:
+    error(nora.get("/api/models/"), 403, "permission_denied")
+    error(agent_client(hospital_a).get("/api/models/"), 403, "permission_denied")
+    response = APIClient().get("/api/models/")
+    assert response.status_code in (401, 403)
+    assert response.json()["code"] == "not_authenticated"
+
+
+def test_cut_table_of_a_model(admin) -> None:
+    response = admin.get("/api/models/small_cnn/cuts/", {"input_shape": "1,28,28"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["model"] == "small_cnn" and body["input_shape"] == [1, 28, 28]
+    pool1 = {row["name"]: row for row in body["cuts"]}["pool1"]
+    assert pool1["crossing"][0]["shape"][0] == 16 and pool1["bytes_per_sample"] > 0
+    default = admin.get("/api/models/small_cnn/cuts/").json()
+    assert default["input_shape"] == [1, 28, 28]
+
+
+def test_cut_table_errors(admin, nora) -> None:
+    error(admin.get("/api/models/alexnet/cuts/"), 404, "not_found")
+    details = error(
+        admin.get("/api/models/small_cnn/cuts/", {"input_shape": "1,x"}), 400, "invalid"
+    )
+    assert "input_shape" in details
+    details = error(
+        admin.get("/api/models/densenet121/cuts/", {"input_shape": "1,28,28"}), 400, "invalid"
+    )
+    assert "does not run on an input of shape" in details["input_shape"][0]
+    error(nora.get("/api/models/small_cnn/cuts/"), 403, "permission_denied")
+
+
+# -- creating jobs ----------------------------------------------------------------------
+
+
+def test_consortium_admin_creates_a_draft_job(admin, job_data, three_hospitals) -> None:
+    response = admin.post("/api/jobs/", job_data(), format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["state"] == "draft" and body["model"] == "small_cnn"
+    assert body["in_channels"] == 1 and body["input_shape"] == [1, 28, 28]
+    assert [p["hospital"] for p in body["participants"]] == [h.slug for h in three_hospitals]
+    assert [p["position"] for p in body["participants"]] == [0, 1, 2]
+    assert body["created_by"] == "ada"
+    assert AuditEvent.objects.filter(action="job.created", job_id=body["id"]).exists()
+
+
+def test_bad_job_gets_the_error_shape_and_creates_nothing(admin, job_data) -> None:
+    response = admin.post("/api/jobs/", job_data(cuts=["conv9"], codec="zip"), format="json")
+    details = error(response, 400, "invalid")
+    assert "valid cuts: " in details["cuts"][0]
+    assert details["codec"][0].startswith("unknown codec")
+    assert not Job.objects.exists()
+
+
+def test_only_consortium_admins_create_jobs(
+    hal, olga, nora, agent_client, hospital_a, job_data
+) -> None:
+    for client in (hal, olga, nora, agent_client(hospital_a)):
+        error(client.post("/api/jobs/", job_data(), format="json"), 403, "permission_denied")
+    assert APIClient().post("/api/jobs/", job_data(), format="json").status_code in (401, 403)
+    assert not Job.objects.exists()
+
+
+# -- reading jobs -----------------------------------------------------------------------
+
+
+def ids(response) -> set[int]:
+    assert response.status_code == 200, response.content
+    return {job["id"] for job in response.json()["results"]}
+
+
+def test_job_list_visibility(admin, olga, hal, nora, agent_client, hospital_a, jobs) -> None:
+    every = {jobs["ac"].pk, jobs["bc"].pk}
+    assert ids(admin.get("/api/jobs/")) == every
+    assert ids(olga.get("/api/jobs/")) == every
+    assert ids(hal.get("/api/jobs/")) == {jobs["ac"].pk}
+    error(nora.get("/api/jobs/"), 403, "permission_denied")
+    error(agent_client(hospital_a).get("/api/jobs/"), 403, "permission_denied")
+
+
+def test_job_list_filters_and_pages(admin, jobs) -> None:
+    started(jobs["bc"])
+    assert ids(admin.get("/api/jobs/", {"state": "running"})) == {jobs["bc"].pk}
+    assert ids(admin.get("/api/jobs/", {"hospital": "st-marys"})) == {jobs["ac"].pk}
+    assert ids(admin.get("/api/jobs/", {"hospital": "northside"})) == {
+        jobs["ac"].pk,
+        jobs["bc"].pk,
+    }
+    assert ids(admin.get("/api/jobs/", {"model": "resnet18"})) == set()
+    page = admin.get("/api/jobs/", {"page_size": 1}).json()
+    assert page["count"] == 2 and len(page["results"]) == 1 and page["next"]
+    details = error(admin.get("/api/jobs/", {"state": "exploded"}), 400, "invalid")
+    assert "state" in details
+
+
+def test_job_detail_and_cross_hospital_404(admin, hal, olga, nora, jobs) -> None:
+    response = admin.get(f"/api/jobs/{jobs['bc'].pk}/")
+    assert response.status_code == 200
+    assert response.json()["client_optimizer"]["momentum"] == 0.9
+    assert hal.get(f"/api/jobs/{jobs['ac'].pk}/").status_code == 200
+    assert olga.get(f"/api/jobs/{jobs['bc'].pk}/").status_code == 200
+    error(hal.get(f"/api/jobs/{jobs['bc'].pk}/"), 404, "not_found")
+    error(admin.get("/api/jobs/999999/"), 404, "not_found")
+    error(nora.get(f"/api/jobs/{jobs['ac'].pk}/"), 403, "permission_denied")
+
+
+def test_status_summarises_progress(admin, hal, jobs, hospital_a) -> None:
+    job = started(jobs["ac"])
+    body = admin.get(f"/api/jobs/{job.pk}/status/").json()
+    assert body["state"] == "running" and body["round"] == 0 and body["rounds"] == 2
+    assert body["hospital"] == hospital_a.slug
+    assert body["turn"]["status"] == "running" and body["turn"]["steps"] == 3
+    assert body["totals"] == {"steps": 3, "samples": 48, "bytes_up": 300, "bytes_down": 270}
+    assert body["last_loss"] == 0.7
+    assert hal.get(f"/api/jobs/{job.pk}/status/").status_code == 200
+    error(hal.get(f"/api/jobs/{jobs['bc'].pk}/status/"), 404, "not_found")
+
+
+def test_status_of_a_draft(admin, jobs) -> None:
+    body = admin.get(f"/api/jobs/{jobs['ac'].pk}/status/").json()
+    assert body["state"] == "draft" and body["turn"] is None and body["round"] is None
+    assert body["totals"]["steps"] == 0
+
+
+def test_turns_in_order(admin, hal, jobs) -> None:
+    job = started(jobs["ac"])
+    turns = admin.get(f"/api/jobs/{job.pk}/turns/").json()["results"]
+    assert [(t["round"], t["position"], t["status"]) for t in turns] == [
+        (0, 0, "running"),
+        (0, 1, "pending"),
+    ]
+    assert turns[0]["hospital"] == "st-marys" and turns[0]["bytes_up"] == 300
+    error(hal.get(f"/api/jobs/{jobs['bc'].pk}/turns/"), 404, "not_found")
+
+
+def test_metrics_filters(admin, hal, jobs, settings) -> None:
+    settings.MEDSPLIT = {**settings.MEDSPLIT, "METRICS_MIN_INTERVAL_SECONDS": 1.0}
+    job = started(jobs["ac"])
+    turn = job.turns.get(status="running")
+    t0 = timezone.now() + timedelta(seconds=10)
+    services.turn_record_progress(
+        turn=turn, steps=9, samples=144, bytes_up=900, bytes_down=810, loss=0.4, at=t0
+    )
+    points = admin.get(f"/api/jobs/{job.pk}/metrics/").json()["results"]
+    assert [p["step"] for p in points] == [3, 9] and points[1]["loss"] == 0.4
+    since = (t0 - timedelta(seconds=1)).isoformat()
+    later = admin.get(f"/api/jobs/{job.pk}/metrics/", {"turn": turn.pk, "since": since})
+    assert [p["step"] for p in later.json()["results"]] == [9]
+    assert error(admin.get(f"/api/jobs/{job.pk}/metrics/", {"since": "yesterday"}), 400, "invalid")[
+        "since"
+    ]
+    other = jobs["bc"].pk
+    details = error(admin.get(f"/api/jobs/{job.pk}/metrics/", {"turn": 10**6}), 400, "invalid")
+    assert "has no turn" in details["turn"][0]
+    error(admin.get(f"/api/jobs/{job.pk}/metrics/", {"turn": "x"}), 400, "invalid")
+    error(hal.get(f"/api/jobs/{other}/metrics/"), 404, "not_found")
+
+
+# -- transitions ------------------------------------------------------------------------
+
+
+def test_admin_schedules_pauses_resumes_and_cancels(admin, jobs) -> None:
+    job = jobs["ac"]
+    response = admin.post(f"/api/jobs/{job.pk}/schedule/", {"reason": "go"}, format="json")
+    assert response.status_code == 200 and response.json()["state"] == "scheduled"
+    services.job_start(job=job)
+    assert admin.post(f"/api/jobs/{job.pk}/pause/").json()["state"] == "paused"
+    assert admin.post(f"/api/jobs/{job.pk}/resume/").json()["state"] == "running"
+    body = admin.post(f"/api/jobs/{job.pk}/cancel/").json()
+    assert body["state"] == "cancelled" and body["finished_at"]
+    log = AuditEvent.objects.filter(job_id=job.pk).values_list("action", flat=True)
+    assert [a for a in log if a.startswith("job.")] == [
+        "job.created",
+        "job.scheduled",
+        "job.running",
+        "job.paused",
+        "job.running",
+        "job.cancelled",
+    ]
+
+
+def test_an_illegal_transition_is_a_409_naming_both_states(admin, jobs) -> None:
+    details = error(admin.post(f"/api/jobs/{jobs['ac'].pk}/pause/"), 409, "conflict")
+    assert details == {"state": "draft", "requested": "paused"}
+    assert Job.objects.get(pk=jobs["ac"].pk).state == "draft"
+
+
+@pytest.mark.parametrize("action", ["schedule", "pause", "resume", "cancel"])
+def test_only_consortium_admins_move_jobs(hal, olga, nora, jobs, action) -> None:
+    own, other = jobs["ac"].pk, jobs["bc"].pk
+    error(hal.post(f"/api/jobs/{own}/{action}/"), 403, "permission_denied")
+    error(hal.post(f"/api/jobs/{other}/{action}/"), 404, "not_found")
+    error(olga.post(f"/api/jobs/{own}/{action}/"), 403, "permission_denied")
+    error(nora.post(f"/api/jobs/{own}/{action}/"), 403, "permission_denied")
+    assert set(Job.objects.values_list("state", flat=True)) == {"draft"}
+
+
+def test_transition_reason_is_checked(admin, jobs) -> None:
+    response = admin.post(
+        f"/api/jobs/{jobs['ac'].pk}/cancel/", {"reason": "x" * 3000}, format="json"
+    )
+    assert "reason" in error(response, 400, "invalid")
+
+
+# -- the agent's view -------------------------------------------------------------------
+
+
+def test_agent_sees_only_its_scheduled_and_running_jobs(agent_client, hospital_a, jobs) -> None:
+    agent = agent_client(hospital_a)
+    assert agent.get("/api/agent/assignments/").json() == []  # drafts are not assignments
+    started(jobs["ac"])
+    started(jobs["bc"])
+    (assignment,) = agent.get("/api/agent/assignments/").json()
+    assert assignment["job"] == jobs["ac"].pk and assignment["position"] == 0
+    assert assignment["participant_count"] == 2 and assignment["cuts"] == ["pool1"]
+    assert assignment["turn"]["status"] == "running" and assignment["turn"]["round"] == 0
+    assert "server_optimizer" not in assignment
+    one = agent.get(f"/api/agent/assignments/{jobs['ac'].pk}/")
+    assert one.status_code == 200 and one.json()["job"] == jobs["ac"].pk
+    error(agent.get(f"/api/agent/assignments/{jobs['bc'].pk}/"), 404, "not_found")
+
+
+def test_assignments_are_for_agents(admin, hal, jobs) -> None:
+    error(admin.get("/api/agent/assignments/"), 403, "permission_denied")
+    error(hal.get(f"/api/agent/assignments/{jobs['ac'].pk}/"), 403, "permission_denied")
+
+
+def test_the_schema_is_valid_and_documents_the_job_api(admin) -> None:
+    response = admin.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = response.json()
+    validate_schema(schema)
+    for path in [
+        "/api/jobs/",
+        "/api/jobs/{job_id}/status/",
+        "/api/jobs/{job_id}/metrics/",
+        "/api/jobs/{job_id}/pause/",
+        "/api/models/{name}/cuts/",
+        "/api/agent/assignments/",
+    ]:
+        assert path in schema["paths"], path
+    assert "JobInput" in str(schema["paths"]["/api/jobs/"]["post"]["requestBody"])

@@ -1,0 +1,100 @@
+"""The runtime services under concurrent calls: the job's row lock lets one win.
+
+These need a database with row locks (PostgreSQL); run them with
+``DATABASE_URL=postgres://postgres@127.0.0.1:5432/medsplit_jobs``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.db import connection, connections
+
+from audit.models import AuditEvent
+from coordinator.errors import PlatformError
+from tests.platform.audit.support import flush_past_audit_triggers
+from training import services
+from training.models import Job, Turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _flushable_audit_log() -> Iterator[None]:
+    with flush_past_audit_triggers():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent calls need PostgreSQL's row locks: set DATABASE_URL=postgres://...")
+
+
+def race(attempt: Callable[[], object], n: int = 3) -> list[object]:
+    """Run ``attempt`` in ``n`` threads released together; their results or errors."""
+    barrier = threading.Barrier(n)
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            outcome = attempt()
+        except PlatformError as e:
+            outcome = e
+        finally:
+            connections.close_all()
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == n
+    return results
+
+
+def test_racing_schedulers_start_one_turn(make_job) -> None:
+    job = services.job_start(job=make_job(state="scheduled"))
+    results = race(lambda: services.turn_start_next(job=job))
+    assert len({turn.pk for turn in results}) == 1, results
+    assert Turn.objects.filter(job=job, status="running").count() == 1
+    assert AuditEvent.objects.filter(job_id=job.pk, action="turn.started").count() == 1
+
+
+def test_racing_failures_queue_one_retry(make_job) -> None:
+    job = services.job_start(job=make_job(state="scheduled", on_failure="retry", max_retries=2))
+    turn = services.turn_start_next(job=job)
+    race(lambda: services.turn_fail(turn=turn, reason="lost"))
+    assert list(Turn.objects.filter(job=job, position=0).values_list("attempt", "status")) == [
+        (1, "failed"),
+        (2, "pending"),
+    ]
+
+
+def test_finish_racing_cancel_leaves_a_consistent_job(make_job, admin_actor) -> None:
+    job = services.job_start(job=make_job(state="scheduled"))
+    turn = services.turn_start_next(job=job)
+    calls = iter(
+        [
+            lambda: services.turn_finish(turn=turn, metrics={}),
+            lambda: services.job_transition(job=job, to="cancelled", actor=admin_actor),
+        ]
+    )
+    lock = threading.Lock()
+
+    def one() -> object:
+        with lock:
+            call = next(calls)
+        return call()
+
+    race(one, n=2)
+    assert Job.objects.get(pk=job.pk).state == "cancelled"
+    # Either the turn finished first, or the cancel failed it: never still running.
+    assert Turn.objects.get(pk=turn.pk).status in ("completed", "failed")
+    assert not Turn.objects.filter(job=job, status__in=["running", "pending"]).exists()

@@ -1,0 +1,213 @@
+"""Job validation: every reason a configuration is refused names its field."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.errors import InvalidInput
+from hospitals.models import Hospital
+from tests.platform.conftest import make_hospital
+from tests.platform.training.conftest import report
+from training.validation import job_spec_validate, model_cut_table, parse_input_shape
+
+pytestmark = pytest.mark.django_db
+
+
+def refused(data) -> dict[str, list[str]]:
+    """The details of the InvalidInput ``data`` must raise."""
+    with pytest.raises(InvalidInput) as error:
+        job_spec_validate(data=data)
+    details = error.value.details
+    assert all(isinstance(r, str) for reasons in details.values() for r in reasons)
+    assert sorted(details) == sorted(set(details))
+    for field in details:
+        assert field in error.value.message
+    return details
+
+
+def test_a_valid_job_is_normalised(job_data, three_hospitals) -> None:
+    spec = job_spec_validate(data=job_data())
+    assert (spec.spatial_dims, spec.in_channels, spec.input_shape) == (2, 1, (1, 28, 28))
+    assert spec.cuts == ("pool1",) and spec.mode == "vanilla"
+    assert spec.client_optimizer["momentum"] == 0.9
+    assert spec.client_optimizer["schedule"] == "constant"  # defaults filled in
+    assert spec.server_optimizer["betas"] == [0.9, 0.999]
+    assert [h for h, _ in spec.participants] == three_hospitals
+
+
+def test_ushaped_with_two_cuts_in_order_is_valid(job_data) -> None:
+    spec = job_spec_validate(data=job_data(mode="ushaped", cuts=["pool1", "pool"]))
+    assert spec.cuts == ("pool1", "pool")
+
+
+def test_unknown_model(job_data) -> None:
+    details = refused(job_data(model="alexnet"))
+    assert "unknown model 'alexnet'" in details["model"][0]
+    assert "small_cnn" in details["model"][0]
+
+
+def test_unknown_cut_lists_the_valid_ones(job_data) -> None:
+    details = refused(job_data(cuts=["conv9"]))
+    assert "unknown cut 'conv9'" in details["cuts"][0]
+    assert "valid cuts: " in details["cuts"][0] and "pool1" in details["cuts"][0]
+
+
+@pytest.mark.parametrize(("mode", "cuts"), [("vanilla", ["pool1", "pool"]), ("ushaped", ["pool1"])])
+def test_cut_count_must_suit_the_mode(job_data, mode, cuts) -> None:
+    details = refused(job_data(mode=mode, cuts=cuts))
+    assert f"{mode} mode needs" in details["cuts"][0]
+
+
+def test_cuts_out_of_order_give_medsplits_reason(job_data) -> None:
+    details = refused(job_data(mode="ushaped", cuts=["pool", "pool1"]))
+    assert "must come after" in details["cuts"][0]
+
+
+@pytest.mark.parametrize("mode", ["vertical", "splitfed"])
+def test_later_modes_are_refused_clearly(job_data, mode) -> None:
+    details = refused(job_data(mode=mode))
+    assert details["mode"] == [f"mode {mode!r} is not available yet; use vanilla or ushaped"]
+
+
+def test_unknown_mode(job_data) -> None:
+    assert "unknown mode 'diagonal'" in refused(job_data(mode="diagonal"))["mode"][0]
+
+
+def test_densenet_does_not_fit_28_by_28_images(job_data) -> None:
+    details = refused(job_data(model="densenet121", cuts=["features.transition1"]))
+    assert list(details) == ["model"]
+    reason = details["model"][0]
+    assert reason.startswith("densenet121 does not fit the participants' data shape [1, 28, 28]")
+    assert "does not run on an input of shape" in reason  # medsplit's CutError message
+
+
+def test_a_participant_without_a_summary(job_data, hospital_b) -> None:
+    Hospital.objects.filter(pk=hospital_b.pk).update(dataset_summary={})
+    reasons = refused(job_data())["participants"]
+    assert reasons == [
+        "hospital 'city-general' has not reported a dataset summary yet; "
+        "start its agent so it can report the shape of its data"
+    ]
+
+
+def test_participants_must_share_one_shape(job_data, hospital_b) -> None:
+    report(hospital_b, shape=[3, 28, 28])
+    reason = refused(job_data())["participants"][0]
+    assert "one image shape" in reason and "city-general [3, 28, 28]" in reason
+
+
+def test_an_unusable_reported_shape(job_data, hospital_b) -> None:
+    report(hospital_b, shape=[28, 28])
+    assert "unusable image shape" in refused(job_data())["participants"][0]
+
+
+def test_classes_must_cover_the_reported_labels(job_data, hospital_c) -> None:
+    report(hospital_c, labels=3)
+    reason = refused(job_data(num_classes=2))["num_classes"][0]
+    assert "labels 0, 1, 2" in reason and "at least 3" in reason
+
+
+def test_unknown_codec(job_data) -> None:
+    reason = refused(job_data(codec="zip"))["codec"][0]
+    assert reason.startswith("unknown codec 'zip'") and "int8" in reason
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "reason"),
+    [
+        ({"name": "sgd", "lr": -1}, "lr must be > 0, got -1"),
+        ({"name": "rmsprop"}, "optimizer name must be one of"),
+        ({"momentum": 1.5}, "momentum must be in [0, 1)"),
+        ({"lr": "fast"}, "lr has the wrong type"),
+        ({"lr": True}, "lr has the wrong type"),
+        ({"betas": [0.9]}, "betas must be two numbers"),
+        ({"nesterov": True}, "unknown option(s) ['nesterov']"),
+    ],
+)
+def test_bad_optimizer_values(job_data, optimizer, reason) -> None:
+    details = refused(job_data(server_optimizer=optimizer))
+    assert list(details) == ["server_optimizer"]
+    assert reason in details["server_optimizer"][0]
+
+
+def test_duplicate_and_unknown_participants(job_data, hospital_a) -> None:
+    data = job_data(
+        participants=[{"hospital": "st-marys"}, {"hospital": "st-marys"}, {"hospital": "nowhere"}]
+    )
+    reasons = refused(data)["participants"]
+    assert "hospital 'st-marys' is listed more than once" in reasons
+    assert "no hospital 'nowhere'" in reasons
+
+
+@pytest.mark.parametrize("status", ["requested", "approved", "suspended"])
+def test_participants_must_be_enrolled(job_data, status) -> None:
+    report(make_hospital("late-comer", status=status))
+    data = job_data(participants=[{"hospital": "st-marys"}, {"hospital": "late-comer"}])
+    reason = refused(data)["participants"][0]
+    assert f"hospital 'late-comer' is not enrolled (status: {status})" in reason
+
+
+def test_feature_sets_are_for_vertical_mode_only(job_data) -> None:
+    data = job_data(participants=[{"hospital": "st-marys", "feature_set": "ct"}])
+    assert refused(data)["participants"] == ["feature_set is used only in vertical mode"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 0),
+        ("batch_size", 100_000),
+        ("local_epochs", 0),
+        ("max_steps_per_turn", 0),
+        ("rounds", 0),
+        ("seed", -1),
+        ("max_retries", 11),
+        ("num_classes", 1),
+        ("on_failure", "ignore"),
+        ("participants", []),
+        ("cuts", []),
+        ("batch_size", "many"),
+    ],
+)
+def test_values_out_of_range(job_data, field, value) -> None:
+    details = refused(job_data(**{field: value}))
+    assert field in details
+
+
+def test_missing_and_unknown_fields(job_data) -> None:
+    data = job_data(max_step_per_turn=5)
+    del data["model"]
+    details = refused(data)
+    assert details["model"] == ["This field is required."]
+    assert "unknown field" in details["max_step_per_turn"][0]
+
+
+def test_channels_and_dims_must_match_the_data(job_data) -> None:
+    details = refused(job_data(in_channels=3, spatial_dims=3))
+    assert "so in_channels is 1, not 3" in details["in_channels"][0]
+    assert "so spatial_dims is 2, not 3" in details["spatial_dims"][0]
+
+
+def test_every_problem_is_reported_at_once(job_data) -> None:
+    details = refused(job_data(codec="zip", batch_size=0, mode="vertical", model="alexnet"))
+    assert {"codec", "batch_size", "mode", "model"} <= set(details)
+
+
+def test_participant_item_errors_say_which_item(job_data) -> None:
+    details = refused(job_data(participants=[{"hospital": "st-marys"}, {"name": "x"}]))
+    assert details["participants"] == ["item 2: hospital: This field is required."]
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(InvalidInput):
+        job_spec_validate(data=["small_cnn"])
+
+
+def test_cut_table_and_shape_parsing() -> None:
+    rows = model_cut_table(model_name="small_cnn", input_shape=(1, 28, 28))
+    assert rows[0]["name"] == "conv1.conv" and "pool1" in [r["name"] for r in rows]
+    assert parse_input_shape("1,28,28") == (1, 28, 28)
+    for bad in ["", "1,28", "a,b,c", "1,0,28", "1,4096,4096"]:
+        with pytest.raises(InvalidInput) as error:
+            parse_input_shape(bad)
+        assert "input_shape" in error.value.details
