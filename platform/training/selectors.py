@@ -13,9 +13,9 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet, Sum
 
-from accounts.permissions import require_person_with_role
+from accounts.permissions import require_agent, require_person, require_person_with_role
 from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import InvalidInput, NotFound, PermissionDenied
+from coordinator.errors import InvalidInput, NotFound
 from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
 from training.models import Job, JobParticipant, MetricPoint, Turn
@@ -34,8 +34,7 @@ def _sees_all(actor: Actor) -> bool:
 def _require_reader(actor: Actor) -> None:
     """People with a role (and the system) read jobs and the registry; agents do not."""
     require_person_with_role(actor)
-    if actor.kind == ActorKind.HOSPITAL:
-        raise PermissionDenied("an agent token may call only the agent endpoints (/api/agent/)")
+    require_person(actor)
 
 
 def jobs_visible_to(*, actor: Actor) -> QuerySet[Job]:
@@ -172,8 +171,7 @@ def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
     Raises:
         PermissionDenied: the actor is not a hospital's agent.
     """
-    if actor.kind != ActorKind.HOSPITAL or actor.hospital is None:
-        raise PermissionDenied("only a hospital's agent has assignments")
+    require_agent(actor, "read assignments")
     hospital = actor.hospital
     return (
         Job.objects.filter(participants__hospital=hospital, state__in=list(ASSIGNED))
