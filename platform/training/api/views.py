@@ -158,7 +158,10 @@ class JobMetricsView(_FakeViewMixin, generics.ListAPIView):
         parameters=[
             OpenApiParameter("turn", int, required=False, description="one turn's points"),
             OpenApiParameter(
-                "since", OpenApiTypes.DATETIME, required=False, description="points after this"
+                "since",
+                OpenApiTypes.DATETIME,
+                required=False,
+                description="points after this ISO 8601 time (write UTC as Z, or %2B for +)",
             ),
         ],
     )
