@@ -10,7 +10,6 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from accounts.actors import anonymous
 from accounts.errors import InvalidCredentials
 from accounts.models import Membership
 from accounts.permissions import can_see_person, require_consortium_admin, require_person
@@ -48,7 +47,7 @@ def person_sign_in(
     user = authenticate(request, username=username, password=password)
     if user is None:
         audit_record(
-            actor=anonymous(ip),
+            actor=Actor.anonymous(ip),
             action="auth.sign_in_failed",
             target=f"person:{username}",
             details={"username": username},

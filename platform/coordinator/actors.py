@@ -54,6 +54,12 @@ class Actor:
         """The coordinator itself: the scheduler, management commands, migrations."""
         return cls(ActorKind.SYSTEM)
 
+    @classmethod
+    def anonymous(cls, source_ip: str | None) -> Actor:
+        """Someone not signed in (a sign-in attempt, a join request, an enrolment):
+        a person with no user and no role, whom every permission check refuses."""
+        return cls(ActorKind.PERSON, source_ip=source_ip)
+
     @property
     def is_consortium_admin(self) -> bool:
         return self.kind == ActorKind.PERSON and self.role == Role.CONSORTIUM_ADMIN
@@ -69,6 +75,8 @@ class Actor:
             return f"person:{self.user.get_username()}"
         if self.kind == ActorKind.HOSPITAL and self.hospital is not None:
             return f"hospital:{self.hospital.slug}"
+        if self.kind == ActorKind.PERSON:
+            return "anonymous"  # not signed in: a failed sign-in, a join request
         return "system"
 
 

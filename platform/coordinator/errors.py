@@ -106,6 +106,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         set_rollback()
         code = next((c for cls, c in _DRF_CODES if isinstance(exc, cls)), "error")
         headers = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
         if isinstance(exc, drf.Throttled) and exc.wait is not None:
             headers["Retry-After"] = str(int(exc.wait))
         if isinstance(exc, drf.ValidationError):

@@ -113,10 +113,13 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 REST_FRAMEWORK = {
+    # Token first: its WWW-Authenticate header makes "not signed in" a 401, not a 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
         "hospitals.authentication.AgentTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
+    # Trust no X-Forwarded-For: throttles and the audit log use the peer address.
+    "NUM_PROXIES": 0,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "coordinator.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -153,6 +156,10 @@ MEDSPLIT = {
     "METRICS_MIN_INTERVAL_SECONDS": float(os.environ.get("MEDSPLIT_METRICS_INTERVAL", "1.0")),
     # Where agents and workers reach the relay; handed to agents at enrolment.
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    # Creates and removes the per-hospital Redis ACL users (see hospitals/relay_acl.py).
+    "REDIS_ACL_PROVISIONER": os.environ.get(
+        "MEDSPLIT_REDIS_ACL_PROVISIONER", "hospitals.relay_acl.NoRelayProvisioner"
+    ),
 }
 
 LOGGING = {

@@ -23,7 +23,6 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts.actors import anonymous
 from accounts.permissions import (
     require_agent,
     require_consortium_admin,
@@ -195,7 +194,7 @@ def hospital_join_request(
         name=name, slug=slug, contact_email=contact_email, status=Hospital.Status.REQUESTED
     )
     audit_record(
-        actor=anonymous(source_ip),
+        actor=Actor.anonymous(source_ip),
         action="hospital.join_requested",
         target=_target(hospital),
         hospital=hospital.slug,
@@ -389,7 +388,7 @@ def agent_enrol(*, code: str, public_key: str, source_ip: str | None = None) -> 
     except PlatformError as e:
         hospital = candidate.hospital.slug if candidate is not None else ""
         audit_record(
-            actor=anonymous(source_ip),
+            actor=Actor.anonymous(source_ip),
             action="agent.enrol_failed",
             target=f"enrolment_code:{key_id}",
             hospital=hospital,
