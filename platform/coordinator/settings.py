@@ -144,6 +144,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several models have a `status`; name their enums apart.
+    "ENUM_NAME_OVERRIDES": {
+        "HospitalStatusEnum": "hospitals.models.Hospital.Status",
+        "AgentStatusEnum": "hospitals.models.Hospital.AgentStatus",
+        "TurnStatusEnum": "training.models.Turn.Status",
+        "JobStateEnum": "training.states.JobState",
+    },
 }
 
 # MedSplit's own settings.

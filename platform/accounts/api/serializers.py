@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from accounts.api.strict import StrictBooleanField, StrictCharField, StrictSerializer
 from accounts.selectors import membership_of
 from coordinator.actors import Role
+from coordinator.api.strict import StrictBooleanField, StrictCharField, StrictSerializer
 
 ROLE_CHOICES = [r.value for r in Role]
 

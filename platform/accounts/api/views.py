@@ -11,7 +11,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import selectors, services
-from accounts.api.errors_schema import error
 from accounts.api.serializers import (
     MeSerializer,
     PersonCreateSerializer,
@@ -19,9 +18,10 @@ from accounts.api.serializers import (
     PersonUpdateSerializer,
     SignInSerializer,
 )
-from accounts.api.throttling import ScopedThrottle
 from accounts.permissions import require_consortium_admin, require_person
 from coordinator.actors import Role, actor_from_request
+from coordinator.api.errors_schema import error
+from coordinator.api.throttling import ScopedThrottle
 
 ERRORS = {
     400: error("invalid input: {code, message, details}"),

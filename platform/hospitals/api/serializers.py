@@ -10,7 +10,7 @@ from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from accounts.api.strict import (
+from coordinator.api.strict import (
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,

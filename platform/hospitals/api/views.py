@@ -16,14 +16,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.api.errors_schema import error
-from accounts.api.throttling import ScopedThrottle
 from accounts.permissions import (
     require_agent,
     require_consortium_admin,
     require_consortium_admin_on,
 )
 from coordinator.actors import actor_from_request, client_ip
+from coordinator.api.errors_schema import error
+from coordinator.api.throttling import ScopedThrottle
 from hospitals import selectors, services
 from hospitals.api.serializers import (
     AgentHospitalSerializer,
