@@ -1,22 +1,25 @@
-"""Writing to the audit log."""
+"""Writing to the audit log: the one way rows are added."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from audit.models import AuditEvent
+from audit.chain import GENESIS, clean_details, content_hash
+from audit.errors import AuditError, ChainHeadMissing
+from audit.models import AuditChainHead, AuditEvent
 from coordinator.actors import Actor
 
-GENESIS = "0" * 64
+__all__ = ["GENESIS", "audit_record"]
+
+_MAX_LENGTHS = {"action": 64, "target": 200, "hospital": 64, "actor": 200}
+_MAX_JOB_ID = 2**63 - 1
 
 
-@transaction.atomic
 def audit_record(
     *,
     actor: Actor,
@@ -28,29 +31,107 @@ def audit_record(
 ) -> AuditEvent:
     """Append one event (``action`` like ``hospital.approved``) to the audit log.
 
+    The row is written in the caller's transaction, if there is one: it is kept if and
+    only if what it records is. It holds the chain's lock (:class:`AuditChainHead`)
+    until that transaction ends, which serialises every audited write of the
+    coordinator, so call it last in your transaction, after your own row locks (that
+    keeps the lock short and the lock order the same everywhere).
+
     Args:
         actor: who did it.
-        action: dotted name of what happened.
+        action: dotted name of what happened (at most 64 characters).
         target: what it happened to, e.g. ``hospital:st-marys`` or ``job:12``.
         hospital: slug of the hospital the event concerns, for per-hospital views.
         job_id: the job the event concerns, if any.
-        details: JSON-ready facts (sizes, states); never patient data.
+        details: plain JSON facts (sizes, states, counts), at most 16 KiB; never
+            patient data, never values of tensors.
+
+    Returns:
+        The saved event, with its ``id`` (sequence number) and ``hash``.
+
+    Raises:
+        AuditError: an argument cannot be recorded (see :func:`audit.chain.clean_details`);
+            nothing was written.
+        ChainHeadMissing: the chain's head row was removed behind the application's back.
     """
-    last = AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first()
-    event = AuditEvent(
-        created_at=timezone.now(),
-        actor_kind=actor.kind.value,
-        actor=actor.label,
-        action=action,
-        target=target,
-        hospital=hospital,
-        job_id=job_id,
-        details=dict(details or {}),
-        source_ip=actor.source_ip,
-        prev_hash=last or GENESIS,
-    )
-    event.hash = hashlib.sha256(
-        json.dumps([event.prev_hash, action, target, actor.label], sort_keys=True).encode()
-    ).hexdigest()
-    event.save()
+    fields = {
+        "actor_kind": actor.kind.value,
+        "actor": _checked_text("actor", actor.label),
+        "action": _checked_text("action", action),
+        "target": _checked_text("target", target),
+        "hospital": _checked_text("hospital", hospital),
+        "job_id": _checked_job_id(job_id),
+        "details": clean_details(details),
+        "source_ip": _checked_ip(actor.source_ip),
+    }
+    if not fields["action"]:
+        raise AuditError("an audit event needs an action")
+    with transaction.atomic():
+        head = _lock_head()
+        event = AuditEvent(
+            id=head.last_id + 1,
+            prev_hash=head.last_hash,
+            # Taken under the lock, so timestamps never go down along the chain
+            # (unless the clock does).
+            created_at=timezone.now(),
+            **fields,
+        )
+        event.hash = content_hash(event.content())
+        event.save()
+        head.last_id, head.last_hash = event.id, event.hash
+        head.save(update_fields=["last_id", "last_hash"])
     return event
+
+
+def _lock_head() -> AuditChainHead:
+    """The chain's head, locked until the transaction ends; made on the first append."""
+    head = AuditChainHead.objects.select_for_update().filter(pk=AuditChainHead.SINGLETON).first()
+    if head is not None:
+        return head
+    # Two first appends may race here: the loser's insert waits for the winner's
+    # transaction, fails on the primary key, and get_or_create then reads (and locks)
+    # the winner's head.
+    head, created = AuditChainHead.objects.select_for_update().get_or_create(
+        pk=AuditChainHead.SINGLETON
+    )
+    # Only now, holding the head we made, can "no head but events" mean tampering:
+    # before, it may have been a first append committing meanwhile.
+    if created and AuditEvent.objects.exists():
+        raise ChainHeadMissing(
+            "the audit chain's head row is missing while events exist; run "
+            "`manage.py audit_verify` and investigate before recording anything else"
+        )
+    return head
+
+
+def _checked_text(name: str, value: str) -> str:
+    if not isinstance(value, str):
+        raise AuditError(f"audit {name} must be a string, not {type(value).__name__}")
+    if len(value) > _MAX_LENGTHS[name]:
+        raise AuditError(f"audit {name} is longer than {_MAX_LENGTHS[name]} characters")
+    if "\x00" in value:
+        raise AuditError(f"audit {name} holds a NUL character")
+    return value
+
+
+def _checked_job_id(job_id: int | None) -> int | None:
+    if job_id is None:
+        return None
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 <= job_id <= _MAX_JOB_ID:
+        raise AuditError(f"audit job_id must be a non-negative 64-bit integer, not {job_id!r}")
+    return job_id
+
+
+def _checked_ip(source_ip: str | None) -> str | None:
+    """The address in the form the database gives it back (so the hash still matches)."""
+    if not source_ip:
+        return None
+    try:
+        address = ipaddress.ip_address(source_ip)
+    except ValueError:
+        raise AuditError(f"audit source_ip {source_ip!r} is not an IP address") from None
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id:
+        raise AuditError(f"audit source_ip {source_ip!r} has a zone, which cannot be stored")
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return f"::ffff:{address.ipv4_mapped}"
+    return str(address)

@@ -1,3 +1,12 @@
-"""API routes of the audit app."""
+"""API routes of the audit app (under /api/)."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from audit.api import views
+
+urlpatterns = [
+    path("audit/events/", views.AuditEventListView.as_view(), name="audit-events"),
+    path("audit/export.csv", views.AuditExportCsvView.as_view(), name="audit-export-csv"),
+    path("audit/export.jsonl", views.AuditExportJsonlView.as_view(), name="audit-export-jsonl"),
+    path("audit/verify/", views.AuditVerifyView.as_view(), name="audit-verify"),
+]
