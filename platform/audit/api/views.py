@@ -19,11 +19,18 @@ from audit.api.serializers import AuditEventSerializer, VerifyResultSerializer
 from audit.models import AuditEvent
 from audit.selectors import audit_event_list, audit_verify_chain
 from coordinator.actors import actor_from_request
+from coordinator.api.errors_schema import error
 
 _WHO = (
     "Consortium admins and observers read every event; a hospital admin reads the events "
     "about their hospital. Agents and people without a role get 403."
 )
+
+_DENIED = {
+    401: error("not signed in, or a bad or revoked agent token"),
+    403: error("agents, and people without a role, may not read the audit log"),
+}
+_READ_ERRORS = {400: error("a filter is malformed: {code, message, details}"), **_DENIED}
 
 #: The query parameters of AuditEventFilter, for the schema (a test keeps them in step).
 FILTER_PARAMETERS = [
@@ -45,6 +52,7 @@ FILTER_PARAMETERS = [
     summary="List audit events",
     description=f"Newest first, paginated. {_WHO}",
     parameters=FILTER_PARAMETERS,
+    responses={200: AuditEventSerializer(many=True), **_READ_ERRORS},
 )
 class AuditEventListView(ListAPIView):
     serializer_class = AuditEventSerializer
@@ -89,7 +97,10 @@ class _Export(APIView):
     summary="Export audit events as CSV",
     description=f"Chain order, streamed; `details` as canonical JSON. {_WHO}",
     parameters=FILTER_PARAMETERS,
-    responses={(200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="CSV")},
+    responses={
+        (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="CSV"),
+        **_READ_ERRORS,
+    },
 )
 class AuditExportCsvView(_Export):
     media_type = "text/csv; charset=utf-8"
@@ -105,7 +116,8 @@ class AuditExportCsvView(_Export):
     description=f"Chain order, streamed; one canonical JSON object per line. {_WHO}",
     parameters=FILTER_PARAMETERS,
     responses={
-        (200, "application/jsonl"): OpenApiResponse(OpenApiTypes.STR, description="JSON Lines")
+        (200, "application/jsonl"): OpenApiResponse(OpenApiTypes.STR, description="JSON Lines"),
+        **_READ_ERRORS,
     },
 )
 class AuditExportJsonlView(_Export):
@@ -124,7 +136,11 @@ class AuditVerifyView(APIView):
             "Re-hashes every event and names the first that does not match. Consortium "
             "admins and observers only."
         ),
-        responses=VerifyResultSerializer,
+        responses={
+            200: VerifyResultSerializer,
+            401: _DENIED[401],
+            403: error("only consortium admins and observers check the chain"),
+        },
     )
     def get(self, request: Request) -> Response:
         result = audit_verify_chain(actor=actor_from_request(request))
