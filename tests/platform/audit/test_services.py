@@ -160,8 +160,10 @@ def test_an_address_that_cannot_be_stored_is_refused(address: str) -> None:
 
 def test_a_saved_event_cannot_be_changed_or_deleted(record_many) -> None:
     event = record_many(1)[0]
+    with pytest.raises(AppendOnlyError, match="changing audit event 1"):
+        event.save()  # even unchanged
     event.action = "forged"
-    with pytest.raises(AppendOnlyError, match="append-only"):
+    with pytest.raises(AppendOnlyError, match="changing audit event 1"):
         event.save()
     with pytest.raises(AppendOnlyError, match="append-only"):
         event.delete()
