@@ -168,8 +168,9 @@ def audit_verify_chain(*, actor: Actor | None = None) -> VerifyResult:
             Problem(
                 last_id + 1,
                 ProblemKind.MISSING_TAIL,
-                f"rows {last_id + 1} to {head_id} are missing: the head records {head_id} "
-                f"rows, the last row found is {last_id}",
+                f"row {last_id + 1} is missing: the head records {head_id} rows and the "
+                f"last row found is {last_id}, so {_rows(head_id - last_id)} removed "
+                "from the end",
             ),
             checked,
         )
@@ -209,8 +210,8 @@ def _row_problem(
         return Problem(
             expected_id,
             ProblemKind.MISSING_ROWS,
-            f"row {expected_id} is missing (the next row is {row_id}): "
-            f"rows {expected_id} to {row_id - 1} were removed",
+            f"row {expected_id} is missing: the next row found is {row_id}, so "
+            f"{_rows(row_id - expected_id)} removed",
         )
     if content["prev_hash"] != expected_prev:
         previous = f"row {row_id - 1}'s hash" if row_id > 1 else "the genesis hash"
@@ -232,3 +233,7 @@ def _row_problem(
             f"{stored_hash}: the row was changed",
         )
     return None
+
+
+def _rows(count: int) -> str:
+    return "1 row was" if count == 1 else f"{count} rows were"
