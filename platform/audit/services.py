@@ -83,7 +83,7 @@ def audit_record(
 
 # Every audited write of the coordinator goes through the two functions below while
 # holding the chain's lock, so they speak SQL directly: through the ORM, building the
-# three statements cost about as much as running them (bench/bench_audit.py).
+# statements cost almost as much as running them (bench/bench_audit.py).
 
 
 def _lock_head() -> tuple[int, str]:
@@ -115,7 +115,8 @@ def _lock_head() -> tuple[int, str]:
 
 
 def _insert_and_advance(event: AuditEvent) -> None:
-    """Insert ``event`` (every column, as its field prepares it) and move the head to it."""
+    """Insert ``event`` (every column, as its field prepares it) and move the head to it:
+    in one statement on PostgreSQL (one round trip fewer under the lock), two elsewhere."""
     quote = connection.ops.quote_name
     fields = AuditEvent._meta.concrete_fields
     insert = (
@@ -123,15 +124,24 @@ def _insert_and_advance(event: AuditEvent) -> None:
         f"({', '.join(quote(f.column) for f in fields)}) "
         f"VALUES ({', '.join(['%s'] * len(fields))})"
     )
-    advance = (
-        f"UPDATE {quote(AuditChainHead._meta.db_table)} "
-        "SET last_id = %s, last_hash = %s WHERE id = %s"
-    )
+    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
+    head = quote(AuditChainHead._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(
-            insert, [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
-        )
-        cursor.execute(advance, [event.id, event.hash, AuditChainHead.SINGLETON])
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH event AS ({insert} RETURNING id, hash) UPDATE {head} "
+                "SET last_id = event.id, last_hash = event.hash FROM event "
+                f"WHERE {head}.id = %s",
+                [*values, AuditChainHead.SINGLETON],
+            )
+        else:
+            cursor.execute(insert, values)
+            cursor.execute(
+                f"UPDATE {head} SET last_id = %s, last_hash = %s WHERE id = %s",
+                [event.id, event.hash, AuditChainHead.SINGLETON],
+            )
+        if cursor.rowcount != 1:  # the head row vanished under the lock
+            raise ChainHeadMissing("the audit chain's head row disappeared during an append")
     event._state.adding = False
     event._state.db = connection.alias
 
