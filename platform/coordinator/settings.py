@@ -84,6 +84,8 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # Writers queue for the lock instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -150,6 +152,7 @@ SPECTACULAR_SETTINGS = {
         "AgentStatusEnum": "hospitals.models.Hospital.AgentStatus",
         "TurnStatusEnum": "training.models.Turn.Status",
         "JobStateEnum": "training.states.JobState",
+        "AuditProblemKindEnum": "audit.selectors.ProblemKind",
     },
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -13,8 +13,22 @@ from coordinator import secrets
 from coordinator.actors import Actor, ActorKind, Role
 from hospitals.authentication import TOKEN_PREFIX
 from hospitals.models import AgentToken, Hospital
+from tests.platform.audit.support import flush_past_audit_triggers
 
 PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _flushable_audit_log() -> Iterator[None]:
+    """Transactional tests end with a TRUNCATE that PostgreSQL's audit triggers refuse."""
+    with flush_past_audit_triggers():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings) -> None:
+    """People are made with passwords; the production hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def make_hospital(slug: str, **fields: object) -> Hospital:

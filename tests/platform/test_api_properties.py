@@ -9,10 +9,13 @@ and every JSON error must have the one error shape.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import schemathesis
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from django.middleware.csrf import _get_new_csrf_string
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +27,19 @@ from tests.platform.conftest import issue_agent_token, make_hospital, make_perso
 schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
 schema.app = get_wsgi_application()
 OPERATIONS = [result.ok() for result in schema.get_all_operations()]
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_connection() -> Iterator[None]:
+    """The WSGI handler closes "old" connections at each request, which would close the
+    test's connection inside its transaction; Django's test client unhooks it the same way."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
 
 
 @pytest.fixture

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from audit.models import AuditEvent
 from audit.services import audit_record
 from coordinator.actors import Actor, ActorKind
-from tests.platform.audit.support import flush_past_audit_triggers
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _flush_past_audit_triggers() -> Iterator[None]:
-    with flush_past_audit_triggers():
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings) -> None:
-    """The shared fixtures make people with passwords; the default hasher takes about a
-    second per person on a small machine, which these tests do not need to prove."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

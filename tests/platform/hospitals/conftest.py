@@ -8,11 +8,11 @@ import pytest
 
 from hospitals.models import Hospital
 from tests.platform.conftest import make_hospital
-from tests.platform.hospitals.fixtures import client_as, fast_password_hashing, fresh_throttles
+from tests.platform.hospitals.fixtures import client_as, fresh_throttles
 from tests.platform.hospitals.helpers import use_provisioner
 from tests.platform.hospitals.provisioners import RecordingProvisioner
 
-__all__ = ["client_as", "fast_password_hashing", "fresh_throttles"]
+__all__ = ["client_as", "fresh_throttles"]
 
 
 @pytest.fixture

@@ -15,14 +15,6 @@ def fresh_throttles() -> None:
     cache.clear()
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings) -> None:
-    """PBKDF2 with Django's iteration count takes a third of a second per person; these
-    tests are about who may do what, not about hashing (runs before the person fixtures:
-    autouse fixtures come first)."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def client_as(
     request: pytest.FixtureRequest, client_for, agent_client

@@ -7,7 +7,7 @@ These need a database with row locks (PostgreSQL); run them with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, connections
@@ -16,19 +16,10 @@ from coordinator.errors import PlatformError
 from hospitals import services
 from hospitals.errors import EnrolmentCodeUsed
 from hospitals.models import AgentToken, EnrolmentCode, Hospital
-from tests.platform.audit.support import flush_past_audit_triggers
 from tests.platform.conftest import agent_actor, make_hospital
 from tests.platform.hospitals.helpers import issue_code, new_public_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _flushable_audit_log() -> Iterator[None]:
-    """These tests commit, so each ends with a flush, which the audit log's triggers
-    refuse unless told (the audit tests' helper)."""
-    with flush_past_audit_triggers():
-        yield
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,6 @@ from training.models import Job
 SHAPE = [1, 28, 28]
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings) -> None:
-    """People are made with passwords; the production hasher is slow on purpose."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def summary(shape: list[int] | None = None, labels: int = 2) -> dict[str, Any]:
     """A dataset summary as an agent's heartbeat reports it."""
     return {

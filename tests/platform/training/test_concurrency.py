@@ -7,24 +7,17 @@ These need a database with row locks (PostgreSQL); run them with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, connections
 
 from audit.models import AuditEvent
 from coordinator.errors import PlatformError
-from tests.platform.audit.support import flush_past_audit_triggers
 from training import services
 from training.models import Job, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _flushable_audit_log() -> Iterator[None]:
-    with flush_past_audit_triggers():
-        yield
 
 
 @pytest.fixture(autouse=True)
