@@ -57,6 +57,19 @@ def test_platform_folder_is_not_a_package() -> None:
     assert not (ROOT / "platform" / "__init__.py").exists()
 
 
+def test_nothing_in_the_tree_could_be_imported_as_platform() -> None:
+    """A `platform/__init__.py` or `platform.py` anywhere would shadow the standard library
+    for code run from its parent folder (a `tests/platform/` package did, once)."""
+    skip = {".venv", "node_modules", ".git"}
+    found = [
+        str(p.relative_to(ROOT))
+        for pattern in ("**/platform/__init__.py", "**/platform.py")
+        for p in ROOT.glob(pattern)
+        if not skip & set(p.relative_to(ROOT).parts)
+    ]
+    assert not found, found
+
+
 @pytest.mark.parametrize("path", python_files(*NO_FRAMEWORKS), ids=str)
 def test_core_and_agent_never_import_django_or_celery(path: Path) -> None:
     banned = {"django", "celery", "rest_framework"}

@@ -10,8 +10,8 @@ from rest_framework.test import APIClient
 from accounts.models import Membership
 from audit.models import AuditEvent
 from coordinator.actors import Role
-from tests.platform.conftest import PASSWORD, make_person
-from tests.platform.hospitals.helpers import (
+from tests.platform_apps.conftest import PASSWORD, make_person
+from tests.platform_apps.hospitals.helpers import (
     assert_error,
     assert_not_authenticated,
     throttle_rates,

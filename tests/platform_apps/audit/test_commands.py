@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from tests.platform.audit.support import EVENTS, tamper
+from tests.platform_apps.audit.support import EVENTS, tamper
 
 pytestmark = pytest.mark.django_db
 

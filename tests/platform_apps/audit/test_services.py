@@ -16,8 +16,8 @@ from audit.models import AuditChainHead, AuditEvent
 from audit.selectors import audit_verify_chain
 from audit.services import audit_record
 from coordinator.actors import Actor, ActorKind
-from tests.platform.audit.support import HEAD, tamper
-from tests.platform.conftest import agent_actor
+from tests.platform_apps.audit.support import HEAD, tamper
+from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 
 from hospitals.models import Hospital
-from tests.platform.conftest import make_hospital
-from tests.platform.hospitals.fixtures import client_as, fresh_throttles
-from tests.platform.hospitals.helpers import use_provisioner
-from tests.platform.hospitals.provisioners import RecordingProvisioner
+from tests.platform_apps.conftest import make_hospital
+from tests.platform_apps.hospitals.fixtures import client_as, fresh_throttles
+from tests.platform_apps.hospitals.helpers import use_provisioner
+from tests.platform_apps.hospitals.provisioners import RecordingProvisioner
 
 __all__ = ["client_as", "fresh_throttles"]
 

@@ -7,7 +7,7 @@ import pytest
 from accounts import permissions
 from coordinator.actors import Actor, ActorKind
 from coordinator.errors import NotFound, PermissionDenied
-from tests.platform.conftest import agent_actor
+from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db
 

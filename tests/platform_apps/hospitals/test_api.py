@@ -15,8 +15,8 @@ from rest_framework.test import APIClient
 from audit.models import AuditEvent
 from coordinator.actors import Role
 from hospitals.models import AgentToken, EnrolmentCode, Hospital, RedisCredential
-from tests.platform.conftest import make_person
-from tests.platform.hospitals.helpers import (
+from tests.platform_apps.conftest import make_person
+from tests.platform_apps.hospitals.helpers import (
     assert_error,
     assert_not_authenticated,
     issue_code,

@@ -12,7 +12,7 @@ from coordinator.actors import Actor
 from hospitals import services
 from hospitals.models import Hospital
 
-PROVISIONERS = "tests.platform.hospitals.provisioners"
+PROVISIONERS = "tests.platform_apps.hospitals.provisioners"
 
 
 def new_public_key() -> str:

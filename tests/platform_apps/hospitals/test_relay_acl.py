@@ -13,8 +13,8 @@ from hospitals.relay_acl import (
     relay_key_pattern,
     relay_username,
 )
-from tests.platform.hospitals.helpers import use_provisioner
-from tests.platform.hospitals.provisioners import RecordingProvisioner
+from tests.platform_apps.hospitals.helpers import use_provisioner
+from tests.platform_apps.hospitals.provisioners import RecordingProvisioner
 
 
 def test_names_and_patterns() -> None:

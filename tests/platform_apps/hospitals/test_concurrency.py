@@ -16,8 +16,8 @@ from coordinator.errors import PlatformError
 from hospitals import services
 from hospitals.errors import EnrolmentCodeUsed
 from hospitals.models import AgentToken, EnrolmentCode, Hospital
-from tests.platform.conftest import agent_actor, make_hospital
-from tests.platform.hospitals.helpers import issue_code, new_public_key
+from tests.platform_apps.conftest import agent_actor, make_hospital
+from tests.platform_apps.hospitals.helpers import issue_code, new_public_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

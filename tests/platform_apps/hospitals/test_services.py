@@ -10,8 +10,8 @@ from coordinator.errors import Conflict, InvalidInput, NotFound, PermissionDenie
 from hospitals import services
 from hospitals.errors import EnrolmentCodeUsed, RelayProvisioningFailed
 from hospitals.models import AgentToken, EnrolmentCode, Hospital
-from tests.platform.conftest import agent_actor
-from tests.platform.hospitals.helpers import issue_code, new_public_key, use_provisioner
+from tests.platform_apps.conftest import agent_actor
+from tests.platform_apps.hospitals.helpers import issue_code, new_public_key, use_provisioner
 
 pytestmark = pytest.mark.django_db
 

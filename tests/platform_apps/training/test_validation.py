@@ -6,8 +6,8 @@ import pytest
 
 from coordinator.errors import InvalidInput
 from hospitals.models import Hospital
-from tests.platform.conftest import make_hospital
-from tests.platform.training.conftest import report
+from tests.platform_apps.conftest import make_hospital
+from tests.platform_apps.training.conftest import report
 from training.validation import job_spec_validate, model_cut_table, parse_input_shape
 
 pytestmark = pytest.mark.django_db

@@ -21,7 +21,7 @@ from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
 
 from coordinator.actors import Role
-from tests.platform.conftest import issue_agent_token, make_hospital, make_person
+from tests.platform_apps.conftest import issue_agent_token, make_hospital, make_person
 
 # Built at import: generating the schema reads views and serializers, not the database.
 schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))

@@ -14,7 +14,7 @@ from audit.models import AuditEvent
 from audit.selectors import ProblemKind, audit_verify_chain
 from audit.services import audit_record
 from coordinator.actors import Actor
-from tests.platform.audit.support import EVENTS, HEAD, postgresql_only, tamper
+from tests.platform_apps.audit.support import EVENTS, HEAD, postgresql_only, tamper
 
 N = 40
 

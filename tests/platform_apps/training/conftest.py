@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.actors import Actor
 from hospitals.models import Hospital
-from tests.platform.conftest import make_hospital
+from tests.platform_apps.conftest import make_hospital
 from training import services
 from training.models import Job
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.platform.hospitals.fixtures import client_as, fresh_throttles
+from tests.platform_apps.hospitals.fixtures import client_as, fresh_throttles
 
 __all__ = ["client_as", "fresh_throttles"]

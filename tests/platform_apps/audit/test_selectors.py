@@ -8,7 +8,7 @@ from audit.selectors import audit_event_list, audit_verify_chain
 from audit.services import audit_record
 from coordinator.actors import Actor, ActorKind
 from coordinator.errors import InvalidInput, PermissionDenied
-from tests.platform.conftest import agent_actor
+from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db
 

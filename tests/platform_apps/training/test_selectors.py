@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.errors import NotFound, PermissionDenied
-from tests.platform.conftest import agent_actor
+from tests.platform_apps.conftest import agent_actor
 from training import selectors, services
 from training.models import Job
 

@@ -21,8 +21,8 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from coordinator.actors import Actor
 from hospitals.models import Hospital
-from tests.platform.audit.support import EVENTS, tamper
-from tests.platform.conftest import agent_actor
+from tests.platform_apps.audit.support import EVENTS, tamper
+from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db
 
@@ -307,7 +307,7 @@ def test_the_schema_documents_the_routes_and_every_filter(as_role) -> None:
 def test_the_audit_schema_generates_without_warnings(tmp_path) -> None:
     call_command(
         "spectacular",
-        "--urlconf=tests.platform.audit.urls",
+        "--urlconf=tests.platform_apps.audit.urls",
         "--validate",
         "--fail-on-warn",
         f"--file={tmp_path / 'schema.yaml'}",

@@ -13,7 +13,7 @@ from coordinator import secrets
 from coordinator.actors import Actor, ActorKind, Role
 from hospitals.authentication import TOKEN_PREFIX
 from hospitals.models import AgentToken, Hospital
-from tests.platform.audit.support import flush_past_audit_triggers
+from tests.platform_apps.audit.support import flush_past_audit_triggers
 
 PASSWORD = "correct horse battery staple"
 

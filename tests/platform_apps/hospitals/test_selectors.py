@@ -12,7 +12,7 @@ from coordinator.actors import Actor, ActorKind
 from coordinator.errors import InvalidInput, NotFound, PermissionDenied
 from hospitals import selectors
 from hospitals.models import Hospital
-from tests.platform.conftest import agent_actor
+from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from accounts.models import Membership
 from audit.models import AuditEvent
 from coordinator.actors import Actor, Role
 from coordinator.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from tests.platform.conftest import agent_actor, make_person
+from tests.platform_apps.conftest import agent_actor, make_person
 
 pytestmark = pytest.mark.django_db
 
