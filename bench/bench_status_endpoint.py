@@ -285,6 +285,12 @@ def _seed(audit_rows: int) -> int:
         turn=turn, steps=5, samples=80, bytes_up=10**6, bytes_down=10**6, loss=0.5
     )
     _fill_audit_log(audit_rows, AuditEvent, AuditChainHead, content_hash)
+    # As after any bulk load: settle statistics and visibility now, so autovacuum does
+    # not run on one of the two databases in the middle of a measurement.
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
     verified = audit_verify_chain()
     if not verified.ok or verified.checked != audit_rows:
         raise RuntimeError(f"the seeded audit log does not verify: {verified}")
