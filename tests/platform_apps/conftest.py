@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
@@ -23,6 +24,13 @@ def _flushable_audit_log() -> Iterator[None]:
     """Transactional tests end with a TRUNCATE that PostgreSQL's audit triggers refuse."""
     with flush_past_audit_triggers():
         yield
+
+
+@pytest.fixture
+def needs_postgres() -> None:
+    """Row locks are what some tests test: SQLite serialises whole transactions."""
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent calls need PostgreSQL's row locks: set DATABASE_URL=postgres://...")
 
 
 @pytest.fixture(autouse=True)

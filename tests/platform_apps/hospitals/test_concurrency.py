@@ -6,52 +6,16 @@ These need a database with row locks (PostgreSQL); run them with
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-
 import pytest
-from django.db import connection, connections
 
-from coordinator.errors import PlatformError
 from hospitals import services
 from hospitals.errors import EnrolmentCodeUsed
 from hospitals.models import AgentToken, EnrolmentCode, Hospital
+from tests.platform_apps.concurrency import race
 from tests.platform_apps.conftest import agent_actor, make_hospital
 from tests.platform_apps.hospitals.helpers import issue_code, new_public_key
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _needs_postgres() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("concurrent use needs PostgreSQL's row locks: set DATABASE_URL=postgres://...")
-
-
-def race(attempt: Callable[[], object], n: int = 2) -> list[object]:
-    """Run ``attempt`` in ``n`` threads released together; their results or errors."""
-    barrier = threading.Barrier(n)
-    results: list[object] = []
-    lock = threading.Lock()
-
-    def run() -> None:
-        try:
-            barrier.wait()
-            outcome = attempt()
-        except PlatformError as e:
-            outcome = e
-        finally:
-            connections.close_all()  # this thread's connection
-        with lock:
-            results.append(outcome)
-
-    threads = [threading.Thread(target=run) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert len(results) == n
-    return results
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("needs_postgres")]
 
 
 def test_one_code_used_twice_at_once_enrols_once() -> None:

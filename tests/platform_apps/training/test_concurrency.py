@@ -7,54 +7,20 @@ These need a database with row locks (PostgreSQL); run them with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections
 
 from audit.models import AuditEvent
-from coordinator.errors import PlatformError
+from tests.platform_apps.concurrency import race
 from training import services
 from training.models import Job, Turn
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _needs_postgres() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("concurrent calls need PostgreSQL's row locks: set DATABASE_URL=postgres://...")
-
-
-def race(attempt: Callable[[], object], n: int = 3) -> list[object]:
-    """Run ``attempt`` in ``n`` threads released together; their results or errors."""
-    barrier = threading.Barrier(n)
-    results: list[object] = []
-    lock = threading.Lock()
-
-    def run() -> None:
-        try:
-            barrier.wait()
-            outcome = attempt()
-        except PlatformError as e:
-            outcome = e
-        finally:
-            connections.close_all()
-        with lock:
-            results.append(outcome)
-
-    threads = [threading.Thread(target=run) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert len(results) == n
-    return results
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("needs_postgres")]
 
 
 def test_racing_schedulers_start_one_turn(make_job) -> None:
     job = services.job_start(job=make_job(state="scheduled"))
-    results = race(lambda: services.turn_start_next(job=job))
+    results = race(lambda: services.turn_start_next(job=job), n=3)
     assert len({turn.pk for turn in results}) == 1, results
     assert Turn.objects.filter(job=job, status="running").count() == 1
     assert AuditEvent.objects.filter(job_id=job.pk, action="turn.started").count() == 1
@@ -63,7 +29,7 @@ def test_racing_schedulers_start_one_turn(make_job) -> None:
 def test_racing_failures_queue_one_retry(make_job) -> None:
     job = services.job_start(job=make_job(state="scheduled", on_failure="retry", max_retries=2))
     turn = services.turn_start_next(job=job)
-    race(lambda: services.turn_fail(turn=turn, reason="lost"))
+    race(lambda: services.turn_fail(turn=turn, reason="lost"), n=3)
     assert list(Turn.objects.filter(job=job, position=0).values_list("attempt", "status")) == [
         (1, "failed"),
         (2, "pending"),
