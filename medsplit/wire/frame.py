@@ -19,8 +19,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-import safetensors.torch
 import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from medsplit.errors import CodecError, FrameError
 from medsplit.modes import Mode
@@ -326,7 +327,7 @@ def encode_frame(frame: Frame, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> b
         "codec": meta.codec,
         _TENSORS_KEY: json.dumps(dtypes, separators=(",", ":")),
     }
-    data = safetensors.torch.save(stored, metadata=metadata)
+    data = save_safetensors(stored, metadata=metadata)
     if len(data) > max_bytes:
         raise CodecError(f"encoded frame is {len(data)} bytes, more than max_bytes={max_bytes}")
     return data
@@ -455,7 +456,7 @@ def _read_meta(metadata: Mapping[str, str]) -> tuple[FrameMeta, dict[str, torch.
 
 def _load_tensors(data: bytes) -> dict[str, torch.Tensor]:
     try:
-        return safetensors.torch.load(data)
+        return load_safetensors(data)
     except Exception as e:
         # safetensors can fail in many ways on hostile bytes (its own error, assertions,
         # torch errors on odd shapes or dtypes); all mean the same thing to the caller.
