@@ -2,5 +2,6 @@
 
 from medsplit.channel.base import Channel, StreamPair
 from medsplit.channel.memory import InMemoryChannel
+from medsplit.channel.redis import RedisChannel
 
-__all__ = ["Channel", "InMemoryChannel", "StreamPair"]
+__all__ = ["Channel", "InMemoryChannel", "RedisChannel", "StreamPair"]

@@ -1,0 +1,270 @@
+"""A channel over Redis streams, for parties in different processes or machines.
+
+Entry layout: every payload becomes one or more entries of the Redis stream named like
+the channel stream (``XADD``), with the fields
+
+| field | value |
+|---|---|
+| ``s`` | the entry's sequence number on its stream: 1, 2, 3, ... (never reused) |
+| ``m`` | the message id: the sequence number of the message's first chunk |
+| ``i`` | the chunk's index within its message, from 0 |
+| ``n`` | the message's chunk count (1 for a payload up to ``chunk_bytes``) |
+| ``d`` | the chunk's bytes |
+
+The sequence counter lives next to the stream, in the hash ``{stream}:seq`` (field
+``sent``: the last number given out, field ``read``: the last number consumed). Sending
+takes the numbers and appends every chunk of a message in one script, so a message is
+never half-written and two senders never interleave chunks. Receiving takes one message
+and deletes its entries in one script, so consumed frames don't stay in Redis; appends
+trim the stream with ``MAXLEN ~ max_stream_len`` so frames nobody reads can't grow Redis
+without bound. Because the numbers are contiguous, a reader sees every loss: entries
+trimmed before they were read, a chunk missing or out of place, a message cut short by
+the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import redis
+
+from medsplit.channel.base import Channel
+from medsplit.errors import ChannelError, ChannelTimeout
+
+MiB = 1 << 20
+SEQ_SUFFIX = ":seq"
+
+# KEYS: stream, counter hash. ARGV: max_stream_len, chunk count, chunk bytes...
+_SEND = """
+local n = tonumber(ARGV[2])
+local last = redis.call('HINCRBY', KEYS[2], 'sent', n)
+local first = last - n + 1
+for i = 0, n - 1 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*',
+    's', first + i, 'm', first, 'i', i, 'n', n, 'd', ARGV[3 + i])
+end
+return first
+"""
+
+# KEYS: stream, counter hash. ARGV: last consumed entry id, most chunks a message may have.
+# Takes the first entry after ARGV[1] and as many more as its ``n`` field says, deletes
+# them, records the last sequence number read, and returns {previous read number, entries}.
+# It checks nothing else: the reader validates what it got.
+_TAKE = """
+local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)
+if #first == 0 then return {'0', {}} end
+local function field(entry, name)
+  local f = entry[2]
+  for j = 1, #f, 2 do if f[j] == name then return f[j + 1] end end
+  return nil
+end
+local n = tonumber(field(first[1], 'n'))
+if n == nil or n < 1 or n > tonumber(ARGV[2]) then n = 1 end
+local entries = first
+if n > 1 then
+  entries = redis.call('XRANGE', KEYS[1], first[1][1], '+', 'COUNT', n)
+end
+local ids = {}
+for k = 1, #entries do ids[k] = entries[k][1] end
+redis.call('XDEL', KEYS[1], unpack(ids))
+local prev = redis.call('HGET', KEYS[2], 'read') or '0'
+local s = tonumber(field(entries[#entries], 's'))
+if s ~= nil then redis.call('HSET', KEYS[2], 'read', s) end
+return {prev, entries}
+"""
+
+_FIELDS = (b"s", b"m", b"i", b"n", b"d")
+
+
+class RedisChannel(Channel):
+    """Streams as Redis streams; one instance may send and receive on many streams.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or
+            ``unix:///path/to/socket``.
+        chunk_bytes: largest piece of a payload stored in one stream entry; larger
+            payloads are split and put back together on receive.
+        max_stream_len: entries a stream keeps before Redis trims the oldest (about:
+            trimming is approximate); a reader that falls this far behind gets a
+            ``ChannelError``, never a silently shortened stream.
+        connect_timeout: seconds to wait for a connection to Redis.
+        socket_timeout: seconds to wait for Redis to answer a non-blocking command.
+        ssl_ca_certs: CA bundle to check the server's certificate with (``rediss://`` only).
+
+    Note:
+        A payload may span at most ``max_stream_len`` chunks. Bytes in, bytes out: no
+        response is decoded.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        chunk_bytes: int = 4 * MiB,
+        max_stream_len: int = 1024,
+        connect_timeout: float = 5.0,
+        socket_timeout: float = 30.0,
+        ssl_ca_certs: str | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("url must start with redis://, rediss:// or unix://")
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
+        if max_stream_len < 1:
+            raise ValueError(f"max_stream_len must be at least 1, got {max_stream_len}")
+        if connect_timeout <= 0 or socket_timeout <= 0:
+            raise ValueError("connect_timeout and socket_timeout must be positive")
+        options: dict[str, object] = {}
+        if ssl_ca_certs is not None:
+            if not url.startswith("rediss://"):
+                raise ValueError("ssl_ca_certs needs a rediss:// url")
+            options["ssl_ca_certs"] = ssl_ca_certs
+        self.chunk_bytes = chunk_bytes
+        self.max_stream_len = max_stream_len
+        self._redis = redis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            **options,
+        )
+        kwargs = self._redis.connection_pool.connection_kwargs
+        self.address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        self._send_script = self._redis.register_script(_SEND)
+        self._take_script = self._redis.register_script(_TAKE)
+        self._last_id: dict[str, bytes] = {}
+        self.bytes_sent: defaultdict[str, int] = defaultdict(int)
+
+    def send(self, stream: str, payload: bytes) -> None:
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            kind = type(payload).__name__
+            raise ChannelError(f"payload for {stream!r} must be bytes, got {kind}")
+        view = memoryview(payload).cast("B")
+        size = len(view)
+        chunks = [view[at : at + self.chunk_bytes] for at in range(0, size, self.chunk_bytes)]
+        if not chunks:
+            chunks = [view]
+        if len(chunks) > self.max_stream_len:
+            raise ChannelError(
+                f"payload of {size} bytes for {stream!r} needs {len(chunks)} chunks of "
+                f"{self.chunk_bytes} bytes, more than max_stream_len={self.max_stream_len}"
+            )
+        keys = [stream, stream + SEQ_SUFFIX]
+        self._call(
+            "sending to",
+            stream,
+            self._send_script,
+            keys,
+            [self.max_stream_len, len(chunks), *chunks],
+        )
+        self.bytes_sent[stream] += size
+
+    def receive(self, stream: str, *, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        keys = [stream, stream + SEQ_SUFFIX]
+        while True:
+            last_id = self._last_id.get(stream, b"0-0")
+            prev, entries = self._call(
+                "receiving from", stream, self._take_script, keys, [last_id, self.max_stream_len]
+            )
+            if entries:
+                self._last_id[stream] = entries[-1][0]
+                return _assemble(stream, int(prev), entries)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._wait(stream, last_id, remaining):
+                raise ChannelTimeout(f"no frame on stream {stream!r} within {timeout:g} s")
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def _wait(self, stream: str, last_id: bytes, seconds: float) -> bool:
+        """Block until an entry after ``last_id`` exists on ``stream``, at most ``seconds``.
+
+        The reply is awaited on the socket with the same deadline, so a slow or stuck
+        Redis can't hold the reader past its timeout.
+        """
+        pool = self._redis.connection_pool
+        try:
+            conn = pool.get_connection()
+        except redis.RedisError as e:
+            raise self._error("receiving from", stream, e) from e
+        healthy = False
+        try:
+            block_ms = max(1, int(seconds * 1000))
+            conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", stream, last_id)
+            if not conn.can_read(timeout=seconds + 0.25):
+                return False
+            reply = conn.read_response()
+            healthy = True
+            return bool(reply)
+        except redis.RedisError as e:
+            raise self._error("receiving from", stream, e) from e
+        finally:
+            if not healthy:
+                conn.disconnect()
+            pool.release(conn)
+
+    def _call(self, action: str, stream: str, script, keys: list[str], args: Sequence[object]):  # type: ignore[no-untyped-def]
+        try:
+            return script(keys=keys, args=args)
+        except redis.RedisError as e:
+            raise self._error(action, stream, e) from e
+
+    def _error(self, action: str, stream: str, cause: Exception) -> ChannelError:
+        return ChannelError(
+            f"{action} stream {stream!r} on Redis at {self.address} failed: {cause}"
+        )
+
+
+def _assemble(stream: str, read_before: int, entries: list) -> bytes:  # type: ignore[type-arg]
+    """Check that ``entries`` are the next whole message on ``stream`` and join its chunks."""
+    parsed = [_parse(stream, entry_id, fields) for entry_id, fields in entries]
+    seq, message, index, count, _ = parsed[0]
+    expected = read_before + 1
+    if seq > expected:
+        raise ChannelError(
+            f"frames on stream {stream!r} were trimmed before they were read: entries "
+            f"{expected}..{seq - 1} are gone (the reader fell more than max_stream_len behind)"
+        )
+    if seq < expected:
+        raise ChannelError(
+            f"entry {seq} on stream {stream!r} is out of order: entry {expected} was expected"
+        )
+    if index != 0:
+        raise ChannelError(
+            f"message {message} on stream {stream!r} starts at chunk {index}: chunk 0 is missing"
+        )
+    for k, (s, m, i, n, _) in enumerate(parsed[1:], start=1):
+        if m != message:
+            raise ChannelError(
+                f"message {message} on stream {stream!r} is unfinished ({k} of {count} chunks) "
+                f"where message {m} begins"
+            )
+        if i != k or n != count or s != seq + k:
+            raise ChannelError(
+                f"message {message} on stream {stream!r}: chunk {i}/{n} (entry {s}) found "
+                f"where chunk {k}/{count} (entry {seq + k}) was expected"
+            )
+    if len(parsed) < count:
+        raise ChannelError(
+            f"message {message} on stream {stream!r} is missing chunks: "
+            f"{len(parsed)} of {count} found"
+        )
+    return b"".join(p[4] for p in parsed)
+
+
+def _parse(stream: str, entry_id: bytes, flat: list) -> tuple[int, int, int, int, bytes]:  # type: ignore[type-arg]
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    where = f"entry {entry_id.decode(errors='replace')} on stream {stream!r}"
+    missing = [f.decode() for f in _FIELDS if f not in fields]
+    if missing:
+        raise ChannelError(f"{where} is not a channel entry: fields {missing} missing")
+    try:
+        s, m, i, n = (int(fields[f]) for f in _FIELDS[:4])
+    except ValueError as e:
+        raise ChannelError(f"{where} is garbled: {e}") from e
+    if not (s >= 1 and 1 <= m <= s and 0 <= i < n):
+        raise ChannelError(f"{where} is garbled: s={s} m={m} i={i} n={n}")
+    return s, m, i, n, fields[b"d"]

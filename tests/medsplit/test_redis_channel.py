@@ -1,0 +1,228 @@
+"""The Redis channel, against a real Redis: round trips, chunking, losses found, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import torch
+from torch import nn
+
+from medsplit.channel import InMemoryChannel, RedisChannel, StreamPair
+from medsplit.channel.base import Channel
+from medsplit.cutting import split_model
+from medsplit.errors import ChannelError, ChannelTimeout
+from medsplit.modes import Mode
+from medsplit.protocol.layouts import make_client, make_server
+from medsplit.protocol.link import LocalLink
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.protocol.party import Party
+from medsplit.protocol.roles import StepIds
+
+CHUNK = 1024
+
+
+@pytest.fixture
+def stream(redis_url: str) -> Iterator[str]:
+    """A stream name no other test uses; its keys are removed afterwards."""
+    name = f"medsplit-test-{uuid.uuid4()}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*client.keys(f"*{name}*") or [name])
+    client.close()
+
+
+@pytest.fixture
+def channel(redis_url: str) -> Iterator[RedisChannel]:
+    ch = RedisChannel(redis_url, chunk_bytes=CHUNK)
+    yield ch
+    ch.close()
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return (
+        torch.randint(0, 256, (size,), generator=torch.Generator().manual_seed(seed))
+        .to(torch.uint8)
+        .numpy()
+        .tobytes()
+    )
+
+
+@pytest.mark.parametrize("size", [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17])
+def test_payloads_of_every_size_round_trip(channel: RedisChannel, stream: str, size: int) -> None:
+    data = payload(size, seed=size)
+    channel.send(stream, data)
+    assert channel.receive(stream, timeout=2) == data
+    assert channel.bytes_sent[stream] == size
+
+
+def test_order_is_kept_and_consumed_entries_are_deleted(
+    channel: RedisChannel, stream: str, raw: redis.Redis
+) -> None:
+    sent = [payload(i * 300, seed=i) for i in range(40)]
+    for data in sent:
+        channel.send(stream, data)
+    assert [channel.receive(stream, timeout=2) for _ in sent] == sent
+    assert raw.xlen(stream) == 0
+
+
+def test_streams_are_independent(channel: RedisChannel, stream: str) -> None:
+    other = stream + ":other"
+    channel.send(stream, b"a1")
+    channel.send(other, b"b1")
+    channel.send(stream, b"a2")
+    assert channel.receive(other, timeout=2) == b"b1"
+    assert channel.receive(stream, timeout=2) == b"a1"
+    assert channel.receive(stream, timeout=2) == b"a2"
+    with pytest.raises(ChannelTimeout):
+        channel.receive(other, timeout=0.05)
+
+
+def test_a_new_reader_continues_where_the_last_one_stopped(
+    redis_url: str, channel: RedisChannel, stream: str
+) -> None:
+    for i in range(3):
+        channel.send(stream, bytes([i]))
+    assert channel.receive(stream, timeout=2) == b"\x00"
+    channel.close()
+    reader = RedisChannel(redis_url)
+    assert [reader.receive(stream, timeout=2) for _ in range(2)] == [b"\x01", b"\x02"]
+    reader.close()
+
+
+def test_receive_times_out_with_the_stream_named(channel: RedisChannel, stream: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(ChannelTimeout, match=stream):
+        channel.receive(stream, timeout=0.2)
+    assert 0.15 < time.monotonic() - start < 1.5
+
+
+def test_receive_wakes_when_another_thread_sends(
+    redis_url: str, channel: RedisChannel, stream: str
+) -> None:
+    sender = RedisChannel(redis_url)
+    threading.Timer(0.1, sender.send, args=(stream, b"late")).start()
+    assert channel.receive(stream, timeout=5) == b"late"
+    sender.close()
+
+
+def test_frames_trimmed_before_they_were_read_are_an_error(redis_url: str, stream: str) -> None:
+    channel = RedisChannel(redis_url, max_stream_len=10)
+    for i in range(300):  # approximate trimming drops whole nodes of 100 entries
+        channel.send(stream, b"%d" % i)
+    with pytest.raises(ChannelError, match="trimmed before they were read"):
+        channel.receive(stream, timeout=1)
+    channel.close()
+
+
+def test_a_payload_needing_more_chunks_than_the_stream_keeps_is_refused(
+    redis_url: str, stream: str
+) -> None:
+    channel = RedisChannel(redis_url, chunk_bytes=4, max_stream_len=2)
+    with pytest.raises(ChannelError, match="3 chunks"):
+        channel.send(stream, b"123456789")
+    channel.close()
+
+
+def entry(s: int, m: int, i: int, n: int, d: bytes = b"x") -> dict[str, object]:
+    return {"s": s, "m": m, "i": i, "n": n, "d": d}
+
+
+@pytest.mark.parametrize(
+    ("entries", "error"),
+    [
+        ([entry(1, 1, 0, 2)], "missing chunks: 1 of 2"),
+        ([entry(1, 1, 0, 3), entry(2, 1, 2, 3), entry(3, 1, 1, 3)], "chunk 2/3 .* chunk 1/3"),
+        ([entry(1, 1, 0, 2), entry(2, 2, 0, 1)], "unfinished .*1 of 2.* message 2 begins"),
+        ([entry(1, 1, 1, 2)], "chunk 0 is missing"),
+        ([{"s": 1, "d": b"x"}], r"fields \['m', 'i', 'n'\] missing"),
+        ([entry(1, 1, 0, 1) | {"i": b"zero"}], "garbled"),
+        ([entry(1, 1, 5, 2)], "garbled"),
+    ],
+)
+def test_missing_misplaced_or_garbled_chunks_are_an_error(
+    channel: RedisChannel,
+    stream: str,
+    raw: redis.Redis,
+    entries: list[dict[str, object]],
+    error: str,
+) -> None:
+    for fields in entries:
+        raw.xadd(stream, fields)  # type: ignore[arg-type]
+    raw.hset(stream + ":seq", "sent", len(entries))
+    start = time.monotonic()
+    with pytest.raises(ChannelError, match=error):
+        channel.receive(stream, timeout=5)
+    assert time.monotonic() - start < 1
+
+
+def test_rediss_urls_use_tls() -> None:
+    channel = RedisChannel("rediss://user:secret@redis.example:6380/2")
+    pool = channel._redis.connection_pool
+    assert issubclass(pool.connection_class, redis.SSLConnection)
+    assert pool.connection_kwargs["db"] == 2
+    assert channel.address == "redis.example:6380"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"chunk_bytes": 0}, "chunk_bytes"), ({"max_stream_len": 0}, "max_stream_len")],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, int], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        RedisChannel("redis://127.0.0.1:6379/0", **kwargs)
+    with pytest.raises(ValueError, match="url"):
+        RedisChannel("http://127.0.0.1:6379/0")
+
+
+def test_an_unreachable_redis_is_a_channel_error_naming_host_and_port() -> None:
+    channel = RedisChannel("redis://user:secret@127.0.0.1:1/0", connect_timeout=1)
+    start = time.monotonic()
+    with pytest.raises(ChannelError, match=r"at 127\.0\.0\.1:1 failed") as sent:
+        channel.send("s", b"x")
+    with pytest.raises(ChannelError, match=r"at 127\.0\.0\.1:1 failed") as received:
+        channel.receive("s", timeout=0.1)
+    assert time.monotonic() - start < 3
+    for error in (sent.value, received.value):
+        assert "secret" not in str(error)
+        assert isinstance(error.__cause__, redis.ConnectionError)
+
+
+def one_step(channel: Channel, job: str) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2))
+    split = split_model(model, torch.zeros(2, 16), "2")
+    config = OptimizerConfig(name="sgd", lr=0.1)
+    front = Party.create(split.front, config)
+    back = Party.create(split.back, config)
+    client = make_client(Mode.VANILLA, {"front": front}, split)
+    server = make_server(Mode.VANILLA, back, split, job="job-1")
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.rand(4, 16, generator=gen), torch.randint(0, 2, (4,), generator=gen)
+    LocalLink(channel, StreamPair.for_hospital(job, "h1"), timeout=5).run_step(
+        client, server, StepIds("job-1", 0, 0, 0), x, y
+    )
+    return {
+        **{f"front.{k}": v for k, v in split.front.state_dict().items()},
+        **{f"back.{k}": v for k, v in split.back.state_dict().items()},
+    }
+
+
+def test_a_split_step_over_redis_matches_the_in_memory_one(redis_url: str, stream: str) -> None:
+    over_redis = RedisChannel(redis_url, chunk_bytes=64)  # several chunks per frame
+    expected = one_step(InMemoryChannel(), stream)
+    got = one_step(over_redis, stream)
+    over_redis.close()
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
