@@ -12,16 +12,48 @@ only logs that no relay is configured: the real one comes with the Redis runtime
 Services call the provisioner inside their transaction, last: if it raises
 :class:`~hospitals.errors.RelayProvisioningFailed`, the enrolment or revocation is
 rolled back whole and the caller may retry.
+
+The real provisioner, :class:`RedisAclUsers`, applies these rules with ``ACL SETUSER``:
+
+Key layout and what a hospital ``<slug>`` may do with each key (Redis 7 selectors):
+
+- its streams ``medsplit:{job}:<slug>:up`` and ``...:down``: read and write, rule
+  ``~medsplit:*:<slug>:*`` (the pattern the services pass in);
+- hand-offs it sends, ``medsplit-handoff:to:{recipient}:from:<slug>:job:{job}``:
+  write only, rule ``%W~medsplit-handoff:to:*:from:<slug>:job:*``;
+- hand-offs addressed to it, ``medsplit-handoff:to:<slug>:from:{sender}:job:{job}``:
+  read only, rule ``%R~medsplit-handoff:to:<slug>:from:*``;
+- another hospital's streams, Celery's keys, anything else: nothing.
+
+A hand-off is written (``SET ... EX``) by its sender, addressed to its recipient, and
+read (``GET``) only by that recipient; the sender may also ``DEL`` what it sent. The
+hand-offs live under their own prefix ``medsplit-handoff:`` so that no stream pattern
+``medsplit:*:<slug>:*`` can reach them (a hospital whose slug were ``to`` or ``from``
+would otherwise match every hand-off). The recipient comes first, so the read rule is
+anchored: slugs hold no ``:`` and no glob characters, so ``to:<slug>:from:`` names one
+recipient only, and ``from:<slug>:job:`` one sender only (job ids are the coordinator's
+numbers).
+
+Commands: ``-@all`` then only what an agent needs (:data:`AGENT_COMMANDS`): ``PING``,
+the stream commands ``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``, and
+``GET SET DEL EXISTS`` for hand-offs (key rules still apply to each). ``AUTH`` and
+``HELLO`` need no rule (Redis lets every connection authenticate). No pub/sub channels.
+
+The workers (Celery) use their own user, see :meth:`RedisAclUsers.provision_workers`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import redis
 from django.conf import settings
 from django.utils.module_loading import import_string
+
+from hospitals.errors import RelayProvisioningFailed
 
 logger = logging.getLogger(__name__)
 
@@ -86,3 +118,175 @@ def get_provisioner() -> RedisAclProvisioner:
     if not isinstance(provisioner, RedisAclProvisioner):
         raise TypeError(f"MEDSPLIT['REDIS_ACL_PROVISIONER'] = {path!r} is not a provisioner")
     return provisioner
+
+
+# -- the real provisioner ---------------------------------------------------------------
+
+HANDOFF_PREFIX = "medsplit-handoff"
+
+#: Commands an agent's user may run (``-@all`` first). ``xinfo|stream`` is the
+#: subcommand form ACL rules take.
+AGENT_COMMANDS = (
+    "ping",
+    "xadd",
+    "xread",
+    "xrange",
+    "xrevrange",
+    "xlen",
+    "xdel",
+    "xtrim",
+    "xinfo|stream",
+    "get",
+    "set",
+    "del",
+    "exists",
+)
+
+#: Keys of the workers' user: every MedSplit stream and hand-off, and Celery's own keys
+#: (kombu's queues ``celery*``, bindings ``_kombu*``, ``unacked*``; results
+#: ``celery-task-meta-*``). Queues given other names need their patterns added.
+WORKER_KEY_PATTERNS = ("medsplit:*", f"{HANDOFF_PREFIX}:*", "celery*", "_kombu*", "unacked*")
+
+_HOSPITAL_USERNAME = re.compile(r"^hospital-([a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?)$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_SAFE_PATTERN = re.compile(r"^[A-Za-z0-9:*_.-]+$")
+
+
+def handoff_key(*, job: str, sender: str, recipient: str) -> str:
+    """The key of the hand-off of ``job`` from hospital ``sender`` to ``recipient``."""
+    return f"{HANDOFF_PREFIX}:to:{recipient}:from:{sender}:job:{job}"
+
+
+def handoff_rules(slug: str) -> list[str]:
+    """Hospital ``slug`` writes hand-offs it sends and reads those addressed to it."""
+    return [
+        f"%W~{HANDOFF_PREFIX}:to:*:from:{slug}:job:*",
+        f"%R~{HANDOFF_PREFIX}:to:{slug}:from:*",
+    ]
+
+
+def agent_acl_rules(
+    *, username: str, password_sha256: str, key_patterns: Sequence[str]
+) -> list[str]:
+    """The arguments of ``ACL SETUSER`` after the user name, for a hospital's agent.
+
+    Raises:
+        ValueError: not a hospital user name, not a SHA-256, or a pattern that is not
+            a plain key glob (so nothing can smuggle in another ACL rule).
+    """
+    match = _HOSPITAL_USERNAME.match(username)
+    if match is None:
+        raise ValueError(f"{username!r} is not a hospital relay user name")
+    _check_digest(password_sha256)
+    patterns = [_checked_pattern(p) for p in key_patterns]
+    return [
+        "reset",
+        "on",
+        f"#{password_sha256}",
+        "resetchannels",
+        *(f"~{p}" for p in patterns),
+        *handoff_rules(match.group(1)),
+        "-@all",
+        *(f"+{c}" for c in AGENT_COMMANDS),
+    ]
+
+
+def worker_acl_rules(*, password_sha256: str) -> list[str]:
+    """The arguments of ``ACL SETUSER`` after the user name, for the workers (Celery).
+
+    Every command but the ``@admin`` and ``@dangerous`` ones (no ``ACL``, ``CONFIG``,
+    ``KEYS``, ``FLUSHDB``, ``CLIENT KILL``, ``DEBUG``...), on :data:`WORKER_KEY_PATTERNS`
+    only, and every pub/sub channel (Celery's result backend and kombu's fan-out
+    subscribe).
+    """
+    _check_digest(password_sha256)
+    return [
+        "reset",
+        "on",
+        f"#{password_sha256}",
+        "resetchannels",
+        "&*",
+        *(f"~{p}" for p in WORKER_KEY_PATTERNS),
+        "+@all",
+        "-@admin",
+        "-@dangerous",
+    ]
+
+
+def _check_digest(password_sha256: str) -> None:
+    if not _SHA256_HEX.match(password_sha256):
+        raise ValueError("the password must be given as 64 lower-case hex digits (SHA-256)")
+
+
+def _checked_pattern(pattern: str) -> str:
+    if not _SAFE_PATTERN.match(pattern):
+        raise ValueError(f"{pattern!r} is not a plain key pattern")
+    return pattern
+
+
+class RedisAclUsers:
+    """The real provisioner: ACL users on the relay at ``url`` (default
+    ``settings.MEDSPLIT["REDIS_URL"]``, whose credentials are the coordinator's admin
+    ones and need the ``ACL`` and ``CLIENT`` commands).
+
+    Any Redis failure (unreachable, refused, not allowed) becomes
+    :class:`~hospitals.errors.RelayProvisioningFailed`, naming host and port only.
+    """
+
+    def __init__(self, url: str | None = None, *, timeout_s: float = 5.0) -> None:
+        self._url = url or settings.MEDSPLIT["REDIS_URL"]
+        self._timeout_s = timeout_s
+
+    def _admin(self) -> redis.Redis:
+        return redis.Redis.from_url(
+            self._url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s
+        )
+
+    def _where(self, client: redis.Redis) -> str:
+        kwargs = client.connection_pool.connection_kwargs
+        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+    def _failed(self, client: redis.Redis, action: str, e: redis.RedisError):
+        # The error's own text never holds the password; the URL is not quoted.
+        return RelayProvisioningFailed(
+            f"the relay at {self._where(client)} could not {action}: {type(e).__name__}: {e}"
+        )
+
+    def provision(
+        self, *, username: str, password_sha256: str, key_patterns: Sequence[str]
+    ) -> None:
+        rules = agent_acl_rules(
+            username=username, password_sha256=password_sha256, key_patterns=key_patterns
+        )
+        self._setuser(username, rules)
+
+    def provision_workers(self, *, username: str, password_sha256: str) -> None:
+        """Create or replace the workers' own user (see :func:`worker_acl_rules`)."""
+        self._setuser(username, worker_acl_rules(password_sha256=password_sha256))
+
+    def _setuser(self, username: str, rules: list[str]) -> None:
+        client = self._admin()
+        try:
+            client.execute_command("ACL", "SETUSER", username, *rules)
+        except redis.RedisError as e:
+            raise self._failed(client, f"create relay user {username}", e) from e
+        finally:
+            client.close()
+        logger.info("relay user %s provisioned", username)
+
+    def revoke(self, *, username: str) -> None:
+        """``ACL DELUSER`` (which on Redis 7 also disconnects the user's clients), then
+        ``CLIENT KILL USER`` for any connection left; a missing user is not an error."""
+        client = self._admin()
+        try:
+            deleted = client.execute_command("ACL", "DELUSER", username)
+            try:
+                client.execute_command("CLIENT", "KILL", "USER", username)
+            except redis.ResponseError as e:
+                if "no such user" not in str(e).lower():
+                    raise
+        except redis.RedisError as e:
+            raise self._failed(client, f"remove relay user {username}", e) from e
+        finally:
+            client.close()
+        logger.info("relay user %s revoked (existed: %s)", username, bool(deleted))
