@@ -29,6 +29,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from medsplit.channel.base import Channel
 from medsplit.errors import ChannelError, ChannelTimeout
@@ -50,11 +52,11 @@ return first
 
 # KEYS: stream, counter hash. ARGV: last consumed entry id, most chunks a message may have.
 # Takes the first entry after ARGV[1] and as many more as its ``n`` field says, deletes
-# them, records the last sequence number read, and returns {previous read number, entries}.
+# them, records the last sequence number read, and returns {read number before, after, entries}.
 # It checks nothing else: the reader validates what it got.
 _TAKE = """
 local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)
-if #first == 0 then return {'0', {}} end
+if #first == 0 then return {'0', '0', {}} end
 local function field(entry, name)
   local f = entry[2]
   for j = 1, #f, 2 do if f[j] == name then return f[j + 1] end end
@@ -72,7 +74,7 @@ redis.call('XDEL', KEYS[1], unpack(ids))
 local prev = redis.call('HGET', KEYS[2], 'read') or '0'
 local s = tonumber(field(entries[#entries], 's'))
 if s ~= nil then redis.call('HSET', KEYS[2], 'read', s) end
-return {prev, entries}
+return {prev, redis.call('HGET', KEYS[2], 'read') or '0', entries}
 """
 
 _FIELDS = (b"s", b"m", b"i", b"n", b"d")
@@ -90,12 +92,15 @@ class RedisChannel(Channel):
             trimming is approximate); a reader that falls this far behind gets a
             ``ChannelError``, never a silently shortened stream.
         connect_timeout: seconds to wait for a connection to Redis.
-        socket_timeout: seconds to wait for Redis to answer a non-blocking command.
+        socket_timeout: seconds to wait for Redis to answer a command that moves frames.
+            Waiting for a frame to arrive keeps to the ``receive`` timeout; taking one that
+            has arrived may wait up to this long, as giving up on it could lose the frame.
         ssl_ca_certs: CA bundle to check the server's certificate with (``rediss://`` only).
 
     Note:
         A payload may span at most ``max_stream_len`` chunks. Bytes in, bytes out: no
-        response is decoded.
+        response is decoded. Each stream is meant to have one reader at a time; a new
+        reader (after a restart) continues where the last one stopped.
     """
 
     def __init__(
@@ -128,6 +133,9 @@ class RedisChannel(Channel):
             decode_responses=False,
             socket_connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
+            # No silent retries: a script retried after a lost reply could send a frame
+            # twice or consume one nobody receives.
+            retry=Retry(NoBackoff(), 0),
             **options,
         )
         kwargs = self._redis.connection_pool.connection_kwargs
@@ -135,6 +143,8 @@ class RedisChannel(Channel):
         self._send_script = self._redis.register_script(_SEND)
         self._take_script = self._redis.register_script(_TAKE)
         self._last_id: dict[str, bytes] = {}
+        self._last_seq: dict[str, int] = {}
+        self._held: dict[str, bytes] = {}
         self.bytes_sent: defaultdict[str, int] = defaultdict(int)
 
     def send(self, stream: str, payload: bytes) -> None:
@@ -164,17 +174,56 @@ class RedisChannel(Channel):
     def receive(self, stream: str, *, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         keys = [stream, stream + SEQ_SUFFIX]
+        if stream in self._held:
+            return self._held.pop(stream)
         while True:
             last_id = self._last_id.get(stream, b"0-0")
-            prev, entries = self._call(
+            prev, now, entries = self._call(
                 "receiving from", stream, self._take_script, keys, [last_id, self.max_stream_len]
             )
             if entries:
                 self._last_id[stream] = entries[-1][0]
-                return _assemble(stream, int(prev), entries)
+                return self._accept(stream, int(prev), int(now), entries)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._wait(stream, last_id, remaining):
                 raise ChannelTimeout(f"no frame on stream {stream!r} within {timeout:g} s")
+
+    def _accept(self, stream: str, read_before: int, read_now: int, entries: list) -> bytes:  # type: ignore[type-arg]
+        """Check that ``entries`` continue what this reader last read, and join them.
+
+        When frames were lost before them (trimmed, or taken by another reader) the error
+        says so, and the intact message after the gap is kept for the next ``receive``.
+        """
+        mine = self._last_seq.get(stream, read_before)
+        self._last_seq[stream] = read_now
+        first = _parse(stream, *entries[0])[0]
+        lost = None
+        if read_before != mine:
+            lost = (
+                f"entries {mine + 1}..{read_before} of stream {stream!r} were taken by "
+                "another reader (or by a receive whose reply was lost)"
+            )
+        elif first > read_before + 1:
+            lost = (
+                f"frames on stream {stream!r} were trimmed before they were read: entries "
+                f"{read_before + 1}..{first - 1} are gone (the reader fell more than "
+                "max_stream_len entries behind)"
+            )
+        elif first <= read_before:
+            raise ChannelError(
+                f"entry {first} on stream {stream!r} is out of order: "
+                f"entry {read_before + 1} was expected"
+            )
+        try:
+            payload = _assemble(stream, entries)
+        except ChannelError as e:
+            if lost:
+                raise ChannelError(lost) from e
+            raise
+        if lost:
+            self._held[stream] = payload
+            raise ChannelError(lost + "; the next receive returns the frame after the gap")
+        return payload
 
     def close(self) -> None:
         self._redis.close()
@@ -218,20 +267,10 @@ class RedisChannel(Channel):
         )
 
 
-def _assemble(stream: str, read_before: int, entries: list) -> bytes:  # type: ignore[type-arg]
-    """Check that ``entries`` are the next whole message on ``stream`` and join its chunks."""
+def _assemble(stream: str, entries: list) -> bytes:  # type: ignore[type-arg]
+    """Check that ``entries`` are one whole message, in order, and join its chunks."""
     parsed = [_parse(stream, entry_id, fields) for entry_id, fields in entries]
     seq, message, index, count, _ = parsed[0]
-    expected = read_before + 1
-    if seq > expected:
-        raise ChannelError(
-            f"frames on stream {stream!r} were trimmed before they were read: entries "
-            f"{expected}..{seq - 1} are gone (the reader fell more than max_stream_len behind)"
-        )
-    if seq < expected:
-        raise ChannelError(
-            f"entry {seq} on stream {stream!r} is out of order: entry {expected} was expected"
-        )
     if index != 0:
         raise ChannelError(
             f"message {message} on stream {stream!r} starts at chunk {index}: chunk 0 is missing"

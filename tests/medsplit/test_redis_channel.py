@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -117,12 +118,17 @@ def test_receive_wakes_when_another_thread_sends(
     sender.close()
 
 
-def test_frames_trimmed_before_they_were_read_are_an_error(redis_url: str, stream: str) -> None:
+def test_frames_trimmed_before_they_were_read_are_an_error(
+    redis_url: str, stream: str, raw: redis.Redis
+) -> None:
     channel = RedisChannel(redis_url, max_stream_len=10)
     for i in range(300):  # approximate trimming drops whole nodes of 100 entries
         channel.send(stream, b"%d" % i)
     with pytest.raises(ChannelError, match="trimmed before they were read"):
         channel.receive(stream, timeout=1)
+    rest = [channel.receive(stream, timeout=1) for _ in range(raw.xlen(stream) + 1)]
+    assert rest[-1] == b"299"
+    assert [int(r) for r in rest] == list(range(300 - len(rest), 300))
     channel.close()
 
 
@@ -197,6 +203,35 @@ def test_an_unreachable_redis_is_a_channel_error_naming_host_and_port() -> None:
     for error in (sent.value, received.value):
         assert "secret" not in str(error)
         assert isinstance(error.__cause__, redis.ConnectionError)
+
+
+def test_a_redis_that_never_answers_is_an_error_not_a_hang() -> None:
+    with socket.socket() as silent:  # accepts connections (backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        channel = RedisChannel(f"redis://127.0.0.1:{port}/0", socket_timeout=0.3)
+        start = time.monotonic()
+        with pytest.raises(ChannelError, match=f"127\\.0\\.0\\.1:{port}"):
+            channel.receive("s", timeout=0.2)
+        with pytest.raises(ChannelError, match="Timeout"):
+            channel.send("s", b"x")
+        assert time.monotonic() - start < 3
+        channel.close()
+
+
+def test_frames_taken_by_another_reader_are_reported(
+    redis_url: str, channel: RedisChannel, stream: str
+) -> None:
+    for i in range(3):
+        channel.send(stream, bytes([i]))
+    assert channel.receive(stream, timeout=2) == b"\x00"
+    other = RedisChannel(redis_url)
+    assert other.receive(stream, timeout=2) == b"\x01"
+    other.close()
+    with pytest.raises(ChannelError, match=r"entries 2\.\.2 .* another reader"):
+        channel.receive(stream, timeout=2)
+    assert channel.receive(stream, timeout=2) == b"\x02"
 
 
 def one_step(channel: Channel, job: str) -> dict[str, torch.Tensor]:
