@@ -35,8 +35,13 @@ recipient only, and ``from:<slug>:job:`` one sender only (job ids are the coordi
 numbers).
 
 Commands: ``-@all`` then only what an agent needs (:data:`AGENT_COMMANDS`): ``PING``,
-the stream commands ``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``, and
-``GET SET DEL EXISTS`` for hand-offs (key rules still apply to each). ``AUTH`` and
+the stream commands ``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``,
+``HGET HSET HINCRBY`` (the sequence hash ``{stream}:seq`` of ``medsplit.channel.redis``),
+``EVALSHA`` and ``SCRIPT LOAD`` (that channel's send and take scripts, which is how
+redis-py runs a registered script; Redis 7 applies the user's key and command rules to
+every call inside a script, but a looping script could stall the relay until
+``lua-time-limit``), and ``GET SET DEL EXISTS`` for hand-offs (key rules still apply
+to each). ``AUTH`` and
 ``HELLO`` need no rule (Redis lets every connection authenticate). No pub/sub channels.
 
 The workers (Celery) use their own user, see :meth:`RedisAclUsers.provision_workers`.
@@ -136,6 +141,11 @@ AGENT_COMMANDS = (
     "xdel",
     "xtrim",
     "xinfo|stream",
+    "hget",
+    "hset",
+    "hincrby",
+    "evalsha",
+    "script|load",
     "get",
     "set",
     "del",

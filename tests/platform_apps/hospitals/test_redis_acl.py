@@ -31,6 +31,7 @@ from hospitals.relay_acl import (
     relay_key_pattern,
     relay_username,
 )
+from medsplit.errors import ChannelError
 from tests.platform_apps.conftest import make_hospital
 from tests.platform_apps.hospitals.helpers import issue_code, new_public_key
 
@@ -74,6 +75,12 @@ class Agent:
             socket_timeout=2,
             retry=NO_RETRY,  # redis-py would otherwise retry a cut connection with backoff
         )
+
+    def url(self) -> str:
+        where = redis.Redis.from_url(settings.MEDSPLIT["REDIS_URL"]).connection_pool
+        where = where.connection_kwargs
+        host, port = where.get("host", "127.0.0.1"), where.get("port", 6379)
+        return f"redis://{self.username}:{self.password}@{host}:{port}/0"
 
     def stream(self, job: str = "1", direction: str = "up") -> str:
         return f"medsplit:{job}:{self.slug}:{direction}"
@@ -134,6 +141,11 @@ def test_the_rules_are_exactly_these() -> None:
         "+xdel",
         "+xtrim",
         "+xinfo|stream",
+        "+hget",
+        "+hset",
+        "+hincrby",
+        "+evalsha",
+        "+script|load",
         "+get",
         "+set",
         "+del",
@@ -179,6 +191,24 @@ def test_an_agent_uses_its_own_streams_and_nothing_of_another(agents) -> None:
         _denied(lambda: conn_a.xread({a.stream(): "0", b.stream("1", "down"): "0"}))
     finally:
         conn_a.close()
+
+
+def test_the_redis_channel_works_with_an_agents_user_on_its_own_streams_only(agents) -> None:
+    """The real channel (scripts and the ``:seq`` hash included) under these rules."""
+    from medsplit.channel.redis import RedisChannel
+
+    a, b = agents("a"), agents("b")
+    channel = RedisChannel(a.url(), socket_timeout=2)
+    try:
+        channel.send(a.stream("1", "up"), b"frame-bytes")
+        assert channel.receive(a.stream("1", "up"), timeout=1) == b"frame-bytes"
+        refused = "no permissions to access one of the keys"
+        with pytest.raises(ChannelError, match=refused):
+            channel.send(b.stream("1", "up"), b"intrusion")
+        with pytest.raises(ChannelError, match=refused):
+            channel.receive(b.stream("1", "down"), timeout=0.2)
+    finally:
+        channel.close()
 
 
 def test_hand_offs_are_written_to_others_and_read_only_by_their_recipient(agents) -> None:
