@@ -1,0 +1,110 @@
+"""Benchmark the Redis relay: a frame's round trip through ``RedisChannel`` against SET + GET.
+
+Run from the repository root, with a Redis server running::
+
+    python bench/bench_relay.py                       # a table
+    python bench/bench_relay.py --json                # the same figures as JSON
+    python bench/bench_relay.py --url redis://host:6379/0 --repeats 15
+
+For payloads of 64 KiB, 1 MiB and 16 MiB: ``send`` + ``receive`` of the payload through
+a ``RedisChannel`` (default 4 MiB chunks, so 16 MiB crosses as four entries) against
+plain redis-py ``SET`` + ``GET`` of the same bytes on the same server (the least a relay
+through Redis must do: the bytes go in once and come out once). The two are measured
+interleaved, in the same run; the figures are medians of the repetitions and their ratio
+(goal: at most 1.2). Nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from medsplit.channel import RedisChannel
+
+SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "16 MiB": 16 << 20}
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench(url: str, repeats: int) -> list[dict[str, object]]:
+    channel = RedisChannel(url)
+    client = redis.Redis.from_url(url)
+    key = f"medsplit-bench:{uuid.uuid4()}"
+    stream = key + ":stream"
+    rows = []
+    try:
+        for label, size in SIZES.items():
+            payload = os.urandom(size)
+
+            def through_channel(payload: bytes = payload) -> None:
+                channel.send(stream, payload)
+                if channel.receive(stream, timeout=30) != payload:
+                    raise AssertionError("the channel changed the payload")
+
+            def set_get(payload: bytes = payload) -> None:
+                client.set(key, payload)
+                if client.get(key) != payload:
+                    raise AssertionError("SET + GET changed the payload")
+
+            through_channel()  # warm up both paths (connections, script cache)
+            set_get()
+            relay, plain = [], []
+            for _ in range(repeats):
+                relay.append(timed(through_channel))
+                plain.append(timed(set_get))
+            r, p = statistics.median(relay), statistics.median(plain)
+            rows.append(
+                {
+                    "payload": label,
+                    "bytes": size,
+                    "channel_ms": round(r * 1000, 3),
+                    "set_get_ms": round(p * 1000, 3),
+                    "ratio": round(r / p, 3),
+                }
+            )
+    finally:
+        client.delete(key, stream, stream + ":seq")
+        client.close()
+        channel.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    rows = bench(args.url, args.repeats)
+    if args.json:
+        json.dump(
+            {"url_scheme": args.url.split(":")[0], "repeats": args.repeats, "rows": rows},
+            sys.stdout,
+            indent=2,
+        )
+        print()
+        return 0
+    print(f"round trip, median of {args.repeats} (goal: ratio <= 1.2)")
+    print(f"{'payload':>8}  {'RedisChannel ms':>15}  {'SET+GET ms':>10}  {'ratio':>6}")
+    for row in rows:
+        print(
+            f"{row['payload']:>8}  {row['channel_ms']:>15.3f}  {row['set_get_ms']:>10.3f}  "
+            f"{row['ratio']:>6.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
