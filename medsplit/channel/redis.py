@@ -50,31 +50,15 @@ end
 return first
 """
 
-# KEYS: stream, counter hash. ARGV: last consumed entry id, most chunks a message may have.
-# Takes the first entry after ARGV[1] and as many more as its ``n`` field says, deletes
-# them, records the last sequence number read, and returns {read number before, after, entries}.
-# It checks nothing else: the reader validates what it got.
-_TAKE = """
-local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)
-if #first == 0 then return {'0', '0', {}} end
-local function field(entry, name)
-  local f = entry[2]
-  for j = 1, #f, 2 do if f[j] == name then return f[j + 1] end end
-  return nil
-end
-local n = tonumber(field(first[1], 'n'))
-if n == nil or n < 1 or n > tonumber(ARGV[2]) then n = 1 end
-local entries = first
-if n > 1 then
-  entries = redis.call('XRANGE', KEYS[1], first[1][1], '+', 'COUNT', n)
-end
-local ids = {}
-for k = 1, #entries do ids[k] = entries[k][1] end
-redis.call('XDEL', KEYS[1], unpack(ids))
+# KEYS: stream, counter hash. ARGV: the last sequence number read, or '', then entry ids.
+# Deletes entries a reader has just read and records how far it read; returns
+# {read number before, after, entries deleted}. Fewer deleted than given means another
+# reader took them first.
+_COMMIT = """
 local prev = redis.call('HGET', KEYS[2], 'read') or '0'
-local s = tonumber(field(entries[#entries], 's'))
-if s ~= nil then redis.call('HSET', KEYS[2], 'read', s) end
-return {prev, redis.call('HGET', KEYS[2], 'read') or '0', entries}
+local deleted = redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+if ARGV[1] ~= '' then redis.call('HSET', KEYS[2], 'read', ARGV[1]) end
+return {prev, redis.call('HGET', KEYS[2], 'read') or '0', deleted}
 """
 
 _FIELDS = (b"s", b"m", b"i", b"n", b"d")
@@ -141,7 +125,7 @@ class RedisChannel(Channel):
         kwargs = self._redis.connection_pool.connection_kwargs
         self.address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         self._send_script = self._redis.register_script(_SEND)
-        self._take_script = self._redis.register_script(_TAKE)
+        self._commit_script = self._redis.register_script(_COMMIT)
         self._last_id: dict[str, bytes] = {}
         self._last_seq: dict[str, int] = {}
         self._held: dict[str, bytes] = {}
@@ -178,11 +162,20 @@ class RedisChannel(Channel):
             return self._held.pop(stream)
         while True:
             last_id = self._last_id.get(stream, b"0-0")
-            prev, now, entries = self._call(
-                "receiving from", stream, self._take_script, keys, [last_id, self.max_stream_len]
-            )
+            entries = self._read(stream, last_id)
             if entries:
                 self._last_id[stream] = entries[-1][0]
+                last = entries[-1][1].get(b"s", b"")
+                ids = [entry_id for entry_id, _ in entries]
+                prev, now, deleted = self._call(
+                    "receiving from", stream, self._commit_script, keys, [last, *ids]
+                )
+                if deleted != len(ids):
+                    self._last_seq.pop(stream, None)
+                    raise ChannelError(
+                        f"entries of stream {stream!r} were taken by another reader "
+                        "while this one read them"
+                    )
                 return self._accept(stream, int(prev), int(now), entries)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._wait(stream, last_id, remaining):
@@ -227,6 +220,20 @@ class RedisChannel(Channel):
 
     def close(self) -> None:
         self._redis.close()
+
+    def _read(self, stream: str, last_id: bytes) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """The next message's entries after ``last_id`` (as many as its first one says)."""
+        try:
+            entries = self._redis.xrange(stream, b"(" + last_id, count=1)
+            if not entries:
+                return []
+            count = entries[0][1].get(b"n", b"1")
+            n = int(count) if count.isdigit() else 1
+            if 1 < n <= self.max_stream_len:
+                entries = self._redis.xrange(stream, entries[0][0], count=n)
+            return entries
+        except redis.RedisError as e:
+            raise self._error("receiving from", stream, e) from e
 
     def _wait(self, stream: str, last_id: bytes, seconds: float) -> bool:
         """Block until an entry after ``last_id`` exists on ``stream``, at most ``seconds``.
@@ -291,11 +298,12 @@ def _assemble(stream: str, entries: list) -> bytes:  # type: ignore[type-arg]
             f"message {message} on stream {stream!r} is missing chunks: "
             f"{len(parsed)} of {count} found"
         )
-    return b"".join(p[4] for p in parsed)
+    return parsed[0][4] if len(parsed) == 1 else b"".join(p[4] for p in parsed)
 
 
-def _parse(stream: str, entry_id: bytes, flat: list) -> tuple[int, int, int, int, bytes]:  # type: ignore[type-arg]
-    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+def _parse(
+    stream: str, entry_id: bytes, fields: dict[bytes, bytes]
+) -> tuple[int, int, int, int, bytes]:
     where = f"entry {entry_id.decode(errors='replace')} on stream {stream!r}"
     missing = [f.decode() for f in _FIELDS if f not in fields]
     if missing:
