@@ -110,8 +110,8 @@ class RedisChannel(Channel):
             decode_responses=False,
             socket_connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
-            # No silent retries: a script retried after a lost reply could send a frame
-            # twice or consume one nobody receives.
+            # No silent retries: a command retried after a lost reply could append a frame
+            # twice or number entries nobody appends.
             retry=Retry(NoBackoff(), 0),
             **options,
         )
@@ -160,6 +160,7 @@ class RedisChannel(Channel):
             if entries:
                 self._last_id[stream] = entries[-1][0]
                 last = entries[-1][1].get(b"s", b"")
+                last = last if last.isdigit() else b""  # a garbled one is reported below
                 ids = [entry_id for entry_id, _ in entries]
                 prev, now, deleted = self._call(
                     "receiving from", stream, self._commit_script, keys, [last, *ids]
@@ -194,7 +195,7 @@ class RedisChannel(Channel):
             lost = (
                 f"frames on stream {stream!r} were trimmed before they were read: entries "
                 f"{read_before + 1}..{first - 1} are gone (the reader fell more than "
-                "max_stream_len entries behind)"
+                "max_stream_len entries behind, or a sender failed between numbering and appending)"
             )
         elif first <= read_before:
             raise ChannelError(

@@ -155,6 +155,7 @@ def entry(s: int, m: int, i: int, n: int, d: bytes = b"x") -> dict[str, object]:
         ([{"s": 1, "d": b"x"}], r"fields \['m', 'i', 'n'\] missing"),
         ([entry(1, 1, 0, 1) | {"i": b"zero"}], "garbled"),
         ([entry(1, 1, 5, 2)], "garbled"),
+        ([entry(1, 1, 0, 1) | {"s": b"one"}], "garbled"),
     ],
 )
 def test_missing_misplaced_or_garbled_chunks_are_an_error(
