@@ -15,21 +15,20 @@ The sequence counter lives next to the stream, in the hash ``{stream}:seq`` (fie
 ``sent``: the last number given out, field ``read``: the last number consumed). Sending
 takes the numbers (``HINCRBY``) and appends every chunk of a message in one
 ``MULTI``/``EXEC``, so a message is never half-written. Receiving reads one message
-(``XRANGE``), then a small script deletes its entries and records how far the reader got,
+(``XRANGE``), then deletes its entries and records how far it got in one ``MULTI``/``EXEC``,
 so consumed frames don't stay in Redis; appends trim the stream with
 ``MAXLEN ~ max_stream_len`` so frames nobody reads can't grow Redis without bound.
 Because the numbers are contiguous, a reader sees every loss: entries trimmed before they
 were read (or numbered by a sender that died before appending them), a chunk missing or
 out of place, a message cut short by the next one, entries taken by another reader.
-Payload bytes never pass through a Lua script: copying them there costs more than the
-round trip it saves.
+No Lua: agents' Redis users may not load scripts, since a script that loops would stall
+the relay for everyone.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
 
 import redis
 from redis.backoff import NoBackoff
@@ -40,17 +39,6 @@ from medsplit.errors import ChannelError, ChannelTimeout
 
 MiB = 1 << 20
 SEQ_SUFFIX = ":seq"
-
-# KEYS: stream, counter hash. ARGV: the last sequence number read, or '', then entry ids.
-# Deletes entries a reader has just read and records how far it read; returns
-# {read number before, after, entries deleted}. Fewer deleted than given means another
-# reader took them first.
-_COMMIT = """
-local prev = redis.call('HGET', KEYS[2], 'read') or '0'
-local deleted = redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
-if ARGV[1] ~= '' then redis.call('HSET', KEYS[2], 'read', ARGV[1]) end
-return {prev, redis.call('HGET', KEYS[2], 'read') or '0', deleted}
-"""
 
 _FIELDS = (b"s", b"m", b"i", b"n", b"d")
 
@@ -117,7 +105,6 @@ class RedisChannel(Channel):
         )
         kwargs = self._redis.connection_pool.connection_kwargs
         self.address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
-        self._commit_script = self._redis.register_script(_COMMIT)
         self._last_id: dict[str, bytes] = {}
         self._last_seq: dict[str, int] = {}
         self._held: dict[str, bytes] = {}
@@ -151,7 +138,6 @@ class RedisChannel(Channel):
 
     def receive(self, stream: str, *, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
-        keys = [stream, stream + SEQ_SUFFIX]
         if stream in self._held:
             return self._held.pop(stream)
         while True:
@@ -162,9 +148,7 @@ class RedisChannel(Channel):
                 last = entries[-1][1].get(b"s", b"")
                 last = last if last.isdigit() else b""  # a garbled one is reported below
                 ids = [entry_id for entry_id, _ in entries]
-                prev, now, deleted = self._call(
-                    "receiving from", stream, self._commit_script, keys, [last, *ids]
-                )
+                prev, now, deleted = self._commit(stream, last, ids)
                 if deleted != len(ids):
                     self._last_seq.pop(stream, None)
                     raise ChannelError(
@@ -257,11 +241,25 @@ class RedisChannel(Channel):
                 conn.disconnect()
             pool.release(conn)
 
-    def _call(self, action: str, stream: str, script, keys: list[str], args: Sequence[object]):  # type: ignore[no-untyped-def]
+    def _commit(self, stream: str, last: bytes, ids: list[bytes]) -> tuple[int, int, int]:
+        """Delete the entries just read and record how far this reader got, atomically.
+
+        Returns the last number read before and after, and how many entries were deleted:
+        fewer than given means another reader took them first.
+        """
+        counter = stream + SEQ_SUFFIX
         try:
-            return script(keys=keys, args=args)
+            commit = self._redis.pipeline(transaction=True)
+            commit.hget(counter, "read")
+            commit.xdel(stream, *ids)
+            if last:
+                commit.hset(counter, "read", last)
+            commit.hget(counter, "read")
+            replies = commit.execute()
         except redis.RedisError as e:
-            raise self._error(action, stream, e) from e
+            raise self._error("receiving from", stream, e) from e
+        before, deleted, now = replies[0], replies[1], replies[-1]
+        return int(before or 0), int(now or 0), int(deleted)
 
     def _error(self, action: str, stream: str, cause: Exception) -> ChannelError:
         return ChannelError(

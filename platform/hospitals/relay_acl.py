@@ -37,11 +37,10 @@ numbers).
 Commands: ``-@all`` then only what an agent needs (:data:`AGENT_COMMANDS`): ``PING``,
 the stream commands ``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``,
 ``HGET HSET HINCRBY`` (the sequence hash ``{stream}:seq`` of ``medsplit.channel.redis``),
-``EVALSHA`` and ``SCRIPT LOAD`` (that channel's send and take scripts, which is how
-redis-py runs a registered script; Redis 7 applies the user's key and command rules to
-every call inside a script, but a looping script could stall the relay until
-``lua-time-limit``), and ``GET SET DEL EXISTS`` for hand-offs (key rules still apply
-to each). ``AUTH`` and
+``MULTI EXEC DISCARD`` (that channel appends and consumes atomically; key rules still
+apply to each queued command), and ``GET SET DEL EXISTS`` for hand-offs. No scripts
+(``EVAL``, ``EVALSHA``, ``SCRIPT``, ``FUNCTION``): a script that loops would stall the
+relay for every hospital until ``lua-time-limit``. ``AUTH`` and
 ``HELLO`` need no rule (Redis lets every connection authenticate). No pub/sub channels.
 
 The workers (Celery) use their own user, see :meth:`RedisAclUsers.provision_workers`.
@@ -144,8 +143,9 @@ AGENT_COMMANDS = (
     "hget",
     "hset",
     "hincrby",
-    "evalsha",
-    "script|load",
+    "multi",
+    "exec",
+    "discard",
     "get",
     "set",
     "del",
