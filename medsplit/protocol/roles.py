@@ -140,23 +140,63 @@ def check_batch(frame: Frame, expected: int) -> None:
 
 
 class AppliedSteps:
-    """Refuses a step at or before the last one applied, so none is applied twice."""
+    """Keeps a step from being applied twice, and answers a re-sent frame of the latest step.
+
+    A hospital that lost the server's answer (a dropped connection, a restart) sends the
+    same frame again; the server answers with what it already computed instead of
+    computing (and applying) it a second time. A frame of an older step, or the latest
+    step's frame with different contents, is refused.
+    """
 
     def __init__(self, job: str) -> None:
         self.job = job
         self.last: StepIds | None = None
+        self._answers: dict[FrameKind, tuple[Frame, Frame]] = {}
 
-    def check(self, ids: StepIds, *, who: str) -> None:
+    def answer_again(self, frame: Frame, *, who: str) -> Frame | None:
+        """The answer already sent if ``frame`` re-sends the latest step, else ``None``.
+
+        Raises:
+            ProtocolError: another job's frame, a step before the latest, or a re-sent
+                frame whose tensors differ from the first.
+        """
+        ids = StepIds.of(frame)
         if ids.job != self.job:
             raise ProtocolError(f"{who} serves job {self.job!r}, got a frame for job {ids.job!r}")
-        if self.last is not None and ids.position <= self.last.position:
+        if self.last is None or ids.position > self.last.position:
+            return None
+        answered = self._answers.get(frame.meta.kind) if ids == self.last else None
+        if answered is None and ids == self.last:
+            return None  # the next exchange of the latest step (U-shaped has two)
+        if answered is None:
             raise ProtocolError(
-                f"{who} already applied step {self.last.position}; step {ids.position} "
-                "comes too late (a re-sent or out-of-order frame)"
+                f"{who} already applied step {self.last.position}; a {frame.meta.kind} frame "
+                f"for step {ids.position} comes too late (an out-of-order frame)"
             )
+        request, reply = answered
+        if not _same_tensors(request, frame):
+            raise ProtocolError(
+                f"{who} got step {ids.position} again with different contents; "
+                "a step is computed once"
+            )
+        return reply
 
-    def applied(self, ids: StepIds) -> None:
-        self.last = ids
+    def record(self, request: Frame, reply: Frame) -> None:
+        """Remember the answer to ``request`` (the latest step's frames only)."""
+        ids = StepIds.of(request)
+        if ids != self.last:
+            self.last = ids
+            self._answers = {}
+        self._answers[request.meta.kind] = (request, reply)
+
+
+def _same_tensors(a: Frame, b: Frame) -> bool:
+    return a.tensors.keys() == b.tensors.keys() and all(
+        a.tensors[k].dtype == b.tensors[k].dtype
+        and a.tensors[k].shape == b.tensors[k].shape
+        and torch.equal(a.tensors[k], b.tensors[k])
+        for k in a.tensors
+    )
 
 
 class PendingStep:

@@ -140,6 +140,9 @@ class UShapedServer(ServerRole):
         self._samples = 0
 
     def handle(self, frame: Frame) -> Frame:
+        again = self.applied.answer_again(frame, who="server")
+        if again is not None:
+            return again
         if frame.meta.kind == FrameKind.ACTIVATIONS:
             return self._forward(frame)
         if frame.meta.kind == FrameKind.HEAD_GRADIENTS:
@@ -148,7 +151,6 @@ class UShapedServer(ServerRole):
 
     def _forward(self, frame: Frame) -> Frame:
         ids = StepIds.of(frame)
-        self.applied.check(ids, who="server")
         self._pending.begin(ids, who="server")
         first = next(iter(frame.tensors.values()))
         self._samples = first.shape[0]
@@ -156,7 +158,9 @@ class UShapedServer(ServerRole):
         self._inputs = as_leaves(frame.tensors)
         self._outputs = self.middle.module(**self._inputs)
         tensors = {name: t.detach() for name, t in self._outputs.items()}
-        return Frame(ids.meta(FrameKind.HEAD_ACTIVATIONS, self.mode, self.codec), tensors)
+        reply = Frame(ids.meta(FrameKind.HEAD_ACTIVATIONS, self.mode, self.codec), tensors)
+        self.applied.record(frame, reply)
+        return reply
 
     def _backward(self, frame: Frame) -> Frame:
         ids = self._pending.check(frame, FrameKind.HEAD_GRADIENTS, who="server")
@@ -164,10 +168,11 @@ class UShapedServer(ServerRole):
         backward_into(self._outputs, frame.tensors)
         grads = gradients_of(self._inputs)
         self.middle.step()
-        self.applied.applied(ids)
         self._inputs, self._outputs = {}, {}
         self._pending.end()
-        return Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
+        reply = Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
+        self.applied.record(frame, reply)
+        return reply
 
     def expect(self) -> FrameSpec:
         if self._pending.ids is None:

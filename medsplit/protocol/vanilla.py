@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from medsplit.cutting import BoundaryTensor
+from medsplit.errors import ProtocolError
 from medsplit.modes import Mode
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import (
@@ -107,8 +108,12 @@ class VanillaServer(ServerRole):
         self.applied = AppliedSteps(job)
 
     def handle(self, frame: Frame) -> Frame:
+        if frame.meta.kind != FrameKind.ACTIVATIONS:
+            raise ProtocolError(f"vanilla server cannot handle a {frame.meta.kind} frame")
+        again = self.applied.answer_again(frame, who="server")
+        if again is not None:
+            return again
         ids = StepIds.of(frame)
-        self.applied.check(ids, who="server")
         labels = frame.tensors[LABELS]
         check_batch(frame, labels.shape[0])
         inputs = as_leaves({t.name: frame.tensors[t.name] for t in self.boundary})
@@ -116,9 +121,10 @@ class VanillaServer(ServerRole):
         loss.backward()
         grads = gradients_of(inputs)
         self.back.step()
-        self.applied.applied(ids)
         grads[LOSS] = loss.detach().float()
-        return Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
+        reply = Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
+        self.applied.record(frame, reply)
+        return reply
 
     def expect(self) -> FrameSpec:
         specs = boundary_spec(self.boundary)

@@ -86,16 +86,64 @@ def test_only_cut_tensors_cross_and_labels_stay_home_in_ushaped(mode: Mode) -> N
     assert set(up[0].tensors) == {"stem", "block1"} | ({LABELS} if mode == Mode.VANILLA else set())
 
 
-def test_server_refuses_a_replayed_step_and_applies_it_once() -> None:
+def test_a_re_sent_step_is_answered_again_and_applied_once() -> None:
+    """A hospital that lost the answer sends the step again: same answer, no second update."""
     client, server, _ = pair(Mode.VANILLA)
     x, y = batch()
-    ids = StepIds(JOB, 0, 0, 0)
-    frame = client.start(ids, x, y)
-    server.handle(frame)
+    frame = client.start(StepIds(JOB, 0, 0, 0), x, y)
+    first = server.handle(frame)
+    after_first = weights(server.back.module)
+    again = server.handle(frame)
+    assert again.tensors.keys() == first.tensors.keys()
+    assert all(torch.equal(again.tensors[k], first.tensors[k]) for k in first.tensors)
+    assert unchanged(server.back.module, after_first)
+
+
+def test_a_re_sent_step_with_other_contents_or_an_older_step_is_refused() -> None:
+    client, server, _ = pair(Mode.VANILLA)
+    x, y = batch()
+    frame0 = client.start(StepIds(JOB, 0, 0, 0), x, y)
+    server.handle(frame0)
+    client.receive(server.handle(frame0))  # finish step 0 on the client
+    frame1 = client.start(StepIds(JOB, 0, 0, 1), *batch(1))
+    server.handle(frame1)
     before = weights(server.back.module)
-    with pytest.raises(ProtocolError, match="already applied"):
-        server.handle(frame)
+    tampered = dict(frame1.tensors)
+    tampered["block1"] = tampered["block1"] + 1
+    with pytest.raises(ProtocolError, match="again with different contents"):
+        server.handle(Frame(frame1.meta, tampered))
+    with pytest.raises(ProtocolError, match="already applied step"):
+        server.handle(frame0)
     assert unchanged(server.back.module, before)
+
+
+@pytest.mark.parametrize("resend", ["activations", "head_gradients"])
+def test_ushaped_server_answers_either_exchange_again(resend: str) -> None:
+    client, server, _ = pair(Mode.USHAPED)
+    x, y = batch()
+    up = client.start(StepIds(JOB, 0, 0, 0), x, y)
+    down = server.handle(up)
+    if resend == "activations":
+        again = server.handle(up)
+        assert all(torch.equal(again.tensors[k], down.tensors[k]) for k in down.tensors)
+    head_grads = client.receive(down)
+    final = server.handle(head_grads)
+    after = weights(server.middle.module)
+    if resend == "head_gradients":
+        again = server.handle(head_grads)
+        assert all(torch.equal(again.tensors[k], final.tensors[k]) for k in final.tensors)
+    assert unchanged(server.middle.module, after)
+    client.receive(final)
+
+
+def test_vanilla_server_refuses_a_frame_of_another_kind() -> None:
+    _, server, _ = pair(Mode.VANILLA)
+    frame = Frame(
+        StepIds(JOB, 0, 0, 0).meta(FrameKind.HEAD_GRADIENTS, Mode.VANILLA, "none"),
+        {"block1": torch.zeros(4, 32, 4, 4)},
+    )
+    with pytest.raises(ProtocolError, match="cannot handle a head_gradients frame"):
+        server.handle(frame)
 
 
 def test_server_refuses_another_jobs_frame() -> None:
