@@ -25,12 +25,7 @@ def role_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:
     """
     if not user.is_authenticated or not user.is_active:
         return None, None
-    membership = getattr(user, "membership", None)
-    if membership is not None:
-        return Role(membership.role), membership.hospital
-    if user.is_superuser:
-        return Role.CONSORTIUM_ADMIN, None
-    return None, None
+    return membership_of(user)
 
 
 def membership_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:

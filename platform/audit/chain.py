@@ -45,6 +45,8 @@ FORMAT_VERSION = 1
 GENESIS = "0" * 64
 MAX_DETAILS_BYTES = 16 * 1024
 MAX_DETAILS_DEPTH = 16
+#: How the canonical content (and every view of a row) writes a timestamp.
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 #: The keys of the canonical content, besides ``v``, in the order the exports use.
 CONTENT_FIELDS = (
@@ -66,7 +68,7 @@ def format_timestamp(moment: datetime) -> str:
     """``moment`` as the canonical content writes it: UTC, microseconds, ``Z``."""
     if moment.tzinfo is None:
         raise AuditError("audit timestamps must be timezone-aware")
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime(TIMESTAMP_FORMAT)
 
 
 def canonical_json(value: Any) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from audit.chain import CONTENT_FIELDS, TIMESTAMP_FORMAT
 from audit.models import AuditEvent
 from audit.selectors import ProblemKind
 
 #: The canonical content's timestamp format (see audit.chain), so rows can be re-hashed.
-TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -16,20 +16,8 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AuditEvent
-        fields = [
-            "id",
-            "prev_hash",
-            "created_at",
-            "actor_kind",
-            "actor",
-            "action",
-            "target",
-            "hospital",
-            "job_id",
-            "details",
-            "source_ip",
-            "hash",
-        ]
+        # Exactly what the hash covers, plus the hash: anyone can re-check a row.
+        fields = [*CONTENT_FIELDS, "hash"]
         read_only_fields = fields
 
 
