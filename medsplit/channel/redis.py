@@ -107,6 +107,7 @@ class RedisChannel(Channel):
         self.address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         self._last_id: dict[str, bytes] = {}
         self._last_seq: dict[str, int] = {}
+        self._sent: dict[str, int] = {}
         self._held: dict[str, bytes] = {}
         self.bytes_sent: defaultdict[str, int] = defaultdict(int)
 
@@ -125,15 +126,42 @@ class RedisChannel(Channel):
                 f"{self.chunk_bytes} bytes, more than max_stream_len={self.max_stream_len}"
             )
         count = len(chunks)
+        counter = stream + SEQ_SUFFIX
+        conn = self._connection("sending to", stream)
+        healthy = False
         try:
-            first = self._redis.hincrby(stream + SEQ_SUFFIX, "sent", count) - count + 1
-            append = self._redis.pipeline(transaction=True)
+            last = self._sent.pop(stream, None)
+            if last is None:  # first send on this stream: continue the stored numbering
+                conn.send_command("HGET", counter, "sent")
+                last = int(conn.read_response() or 0)
+            first = last + 1
+            commands: list[tuple[object, ...]] = [("HINCRBY", counter, "sent", count)]
             for i, chunk in enumerate(chunks):
-                fields = {"s": first + i, "m": first, "i": i, "n": count, "d": chunk}
-                append.xadd(stream, fields, maxlen=self.max_stream_len, approximate=True)
-            append.execute()
+                commands.append(
+                    ("XADD", stream, "MAXLEN", "~", self.max_stream_len, "*")
+                    + ("s", first + i, "m", first, "i", i, "n", count, "d", chunk)
+                )
+            replies = _transaction(conn, commands)
+            healthy = True
         except redis.RedisError as e:
             raise self._error("sending to", stream, e) from e
+        finally:
+            self._release(conn, healthy)
+        numbered = replies[0]
+        if isinstance(numbered, int) and numbered == last + count:
+            self._sent[stream] = numbered  # only a confirmed count is trusted next time
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
+        if failed is not None:
+            raise ChannelError(
+                f"sending to stream {stream!r} on Redis at {self.address} failed: {failed}"
+            )
+        if stream not in self._sent:
+            raise ChannelError(
+                f"stream {stream!r} was numbered by someone else: its counter reached "
+                f"{numbered} where this sender expected {last + count} (another sender on the "
+                f"stream, or its keys were reset); the frame went out as entries "
+                f"{first}..{last + count} and its reader will report the clash"
+            )
         self.bytes_sent[stream] += size
 
     def receive(self, stream: str, *, timeout: float) -> bytes:
@@ -142,22 +170,30 @@ class RedisChannel(Channel):
             return self._held.pop(stream)
         while True:
             last_id = self._last_id.get(stream, b"0-0")
-            entries = self._read(stream, last_id)
+            conn = self._connection("receiving from", stream)
+            healthy = False
+            try:
+                entries = self._read(conn, stream, last_id, deadline - time.monotonic())
+                if entries:
+                    self._last_id[stream] = entries[-1][0]
+                    last = entries[-1][1].get(b"s", b"")
+                    last = last if last.isdigit() else b""  # a garbled one is reported below
+                    ids = [entry_id for entry_id, _ in entries]
+                    prev, now, deleted = self._commit(conn, stream, last, ids)
+                healthy = True
+            except redis.RedisError as e:
+                raise self._error("receiving from", stream, e) from e
+            finally:
+                self._release(conn, healthy)
             if entries:
-                self._last_id[stream] = entries[-1][0]
-                last = entries[-1][1].get(b"s", b"")
-                last = last if last.isdigit() else b""  # a garbled one is reported below
-                ids = [entry_id for entry_id, _ in entries]
-                prev, now, deleted = self._commit(stream, last, ids)
                 if deleted != len(ids):
                     self._last_seq.pop(stream, None)
                     raise ChannelError(
                         f"entries of stream {stream!r} were taken by another reader "
                         "while this one read them"
                     )
-                return self._accept(stream, int(prev), int(now), entries)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._wait(stream, last_id, remaining):
+                return self._accept(stream, prev, now, entries)
+            if time.monotonic() >= deadline:
                 raise ChannelTimeout(f"no frame on stream {stream!r} within {timeout:g} s")
 
     def _accept(self, stream: str, read_before: int, read_now: int, entries: list) -> bytes:  # type: ignore[type-arg]
@@ -200,64 +236,62 @@ class RedisChannel(Channel):
     def close(self) -> None:
         self._redis.close()
 
-    def _read(self, stream: str, last_id: bytes) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        """The next message's entries after ``last_id`` (as many as its first one says)."""
+    def _connection(self, action: str, stream: str) -> redis.Connection:
         try:
-            entries = self._redis.xrange(stream, b"(" + last_id, count=1)
-            if not entries:
-                return []
-            count = entries[0][1].get(b"n", b"1")
-            n = int(count) if count.isdigit() else 1
-            if 1 < n <= self.max_stream_len:
-                entries = self._redis.xrange(stream, entries[0][0], count=n)
-            return entries
+            return self._redis.connection_pool.get_connection()
         except redis.RedisError as e:
-            raise self._error("receiving from", stream, e) from e
+            raise self._error(action, stream, e) from e
 
-    def _wait(self, stream: str, last_id: bytes, seconds: float) -> bool:
-        """Block until an entry after ``last_id`` exists on ``stream``, at most ``seconds``.
+    def _release(self, conn: redis.Connection, healthy: bool) -> None:
+        """Give ``conn`` back; one left mid-command (replies unread) is closed first."""
+        if not healthy:
+            conn.disconnect()
+        self._redis.connection_pool.release(conn)
 
-        The reply is awaited on the socket with the same deadline, so a slow or stuck
-        Redis can't hold the reader past its timeout.
+    def _read(
+        self, conn: redis.Connection, stream: str, last_id: bytes, seconds: float
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """The next message's entries after ``last_id``, waiting at most ``seconds``.
+
+        One ``XREAD`` (``BLOCK``) fetches the first entry, or waits for it; a message of
+        several chunks fetches the rest with one ``XRANGE`` (as many as its first entry
+        says). The wait is kept on the socket too: a Redis that neither answers nor
+        times the ``BLOCK`` out is an error, never a reader held past its timeout.
         """
-        pool = self._redis.connection_pool
-        try:
-            conn = pool.get_connection()
-        except redis.RedisError as e:
-            raise self._error("receiving from", stream, e) from e
-        healthy = False
-        try:
-            block_ms = max(1, int(seconds * 1000))
-            conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", stream, last_id)
+        if seconds > 0:
+            block = ("BLOCK", max(1, int(seconds * 1000)))
+            conn.send_command("XREAD", "COUNT", 1, *block, "STREAMS", stream, last_id)
             if not conn.can_read(timeout=seconds + 0.25):
-                return False
-            reply = conn.read_response()
-            healthy = True
-            return bool(reply)
-        except redis.RedisError as e:
-            raise self._error("receiving from", stream, e) from e
-        finally:
-            if not healthy:
-                conn.disconnect()
-            pool.release(conn)
+                raise redis.TimeoutError(f"no answer to XREAD BLOCK within {seconds + 0.25:g} s")
+        else:
+            conn.send_command("XREAD", "COUNT", 1, "STREAMS", stream, last_id)
+        entries = _stream_entries(conn.read_response())
+        if not entries:
+            return []
+        count = entries[0][1].get(b"n", b"1")
+        n = int(count) if count.isdigit() else 1
+        if 1 < n <= self.max_stream_len:
+            conn.send_command("XRANGE", stream, b"(" + entries[0][0], "+", "COUNT", n - 1)
+            entries += _entries(conn.read_response())
+        return entries
 
-    def _commit(self, stream: str, last: bytes, ids: list[bytes]) -> tuple[int, int, int]:
+    def _commit(
+        self, conn: redis.Connection, stream: str, last: bytes, ids: list[bytes]
+    ) -> tuple[int, int, int]:
         """Delete the entries just read and record how far this reader got, atomically.
 
         Returns the last number read before and after, and how many entries were deleted:
         fewer than given means another reader took them first.
         """
         counter = stream + SEQ_SUFFIX
-        try:
-            commit = self._redis.pipeline(transaction=True)
-            commit.hget(counter, "read")
-            commit.xdel(stream, *ids)
-            if last:
-                commit.hset(counter, "read", last)
-            commit.hget(counter, "read")
-            replies = commit.execute()
-        except redis.RedisError as e:
-            raise self._error("receiving from", stream, e) from e
+        commands: list[tuple[object, ...]] = [("HGET", counter, "read"), ("XDEL", stream, *ids)]
+        if last:
+            commands.append(("HSET", counter, "read", last))
+        commands.append(("HGET", counter, "read"))
+        replies = _transaction(conn, commands)
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
+        if failed is not None:
+            raise failed
         before, deleted, now = replies[0], replies[1], replies[-1]
         return int(before or 0), int(now or 0), int(deleted)
 
@@ -265,6 +299,50 @@ class RedisChannel(Channel):
         return ChannelError(
             f"{action} stream {stream!r} on Redis at {self.address} failed: {cause}"
         )
+
+
+def _transaction(conn: redis.Connection, commands: list[tuple[object, ...]]) -> list[object]:
+    """Run ``commands`` in one ``MULTI``/``EXEC`` on ``conn``, in one write and one read.
+
+    Returns ``EXEC``'s replies (an error of one command among them, as an exception
+    object); raises a command refused before ``EXEC`` (then none of them ran).
+    """
+    conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
+    refused = None
+    for _ in range(len(commands) + 1):  # +OK, then +QUEUED for each
+        try:
+            conn.read_response()
+        except redis.ResponseError as e:
+            refused = refused or e
+    try:
+        replies = conn.read_response()
+    except redis.ResponseError as e:  # EXECABORT, after a refused command
+        raise refused or e from None
+    if refused is not None:
+        raise refused
+    if not isinstance(replies, list) or len(replies) != len(commands):
+        raise redis.ResponseError(f"unexpected reply to EXEC: {replies!r:.200}")
+    return replies
+
+
+def _stream_entries(reply: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The entries of an ``XREAD`` reply for one stream (RESP2 or RESP3), or none."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):  # RESP3: {stream: entries}
+        return _entries(next(iter(reply.values())))
+    return _entries(reply[0][1])  # type: ignore[index]
+
+
+def _entries(reply: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """``[(id, {field: value})]`` from the raw entries of ``XRANGE`` or ``XREAD``."""
+    entries = []
+    for entry_id, fields in reply or []:  # type: ignore[attr-defined]
+        if isinstance(fields, dict):
+            entries.append((entry_id, fields))
+        else:
+            entries.append((entry_id, dict(zip(fields[::2], fields[1::2], strict=False))))
+    return entries
 
 
 def _assemble(stream: str, entries: list) -> bytes:  # type: ignore[type-arg]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from monai.metrics import compute_roc_auc
 
 from medsplit.data import Split
 
@@ -17,6 +19,20 @@ class Evaluation:
     samples: int
 
 
+@contextmanager
+def eval_mode(segments: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Put ``segments`` in eval mode and restore every module's own flag afterwards."""
+    modules = [m for segment in segments for m in segment.modules()]
+    flags = {m: m.training for m in modules}
+    for segment in segments:
+        segment.eval()
+    try:
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+
+
 def evaluate(
     segments: Sequence[torch.nn.Module], data: Split, *, batch_size: int = 256
 ) -> Evaluation:
@@ -25,26 +41,42 @@ def evaluate(
     Every module's training flag is restored afterwards, so evaluating between training
     steps changes nothing about training.
     """
-    modules = [m for segment in segments for m in segment.modules()]
-    flags = {m: m.training for m in modules}
-    for segment in segments:
-        segment.eval()
     total_loss, correct = 0.0, 0
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
-    try:
-        with torch.no_grad():
-            for start in range(0, len(data), batch_size):
-                x = data.images[start : start + batch_size]
-                y = data.labels[start : start + batch_size]
-                out = segments[0](x)
-                for segment in segments[1:]:
-                    out = segment(**out)
-                total_loss += float(loss_fn(out, y))
-                correct += int((out.argmax(dim=1) == y).sum())
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
+    with eval_mode(segments), torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            x = data.images[start : start + batch_size]
+            y = data.labels[start : start + batch_size]
+            out = segments[0](x)
+            for segment in segments[1:]:
+                out = segment(**out)
+            total_loss += float(loss_fn(out, y))
+            correct += int((out.argmax(dim=1) == y).sum())
     n = len(data)
     return Evaluation(
         loss=total_loss / n if n else 0.0, accuracy=correct / n if n else 0.0, samples=n
     )
+
+
+def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Loss, accuracy and (where every class is present) macro ROC AUC of ``logits``.
+
+    AUC is MONAI's ``compute_roc_auc`` on softmax probabilities, one class against the
+    rest, averaged over classes; it is left out when a class has no sample, since AUC is
+    then undefined.
+    """
+    n = int(labels.shape[0])
+    if n == 0:
+        return {"val_samples": 0.0}
+    logits = logits.float()
+    values = {
+        "val_loss": float(torch.nn.functional.cross_entropy(logits, labels)),
+        "val_accuracy": float((logits.argmax(dim=1) == labels).float().mean()),
+        "val_samples": float(n),
+    }
+    classes = logits.shape[1]
+    if classes >= 2 and int(labels.unique().numel()) == classes:
+        probabilities = torch.softmax(logits, dim=1)
+        onehot = torch.nn.functional.one_hot(labels, classes)
+        values["val_auc"] = float(compute_roc_auc(probabilities, onehot, average="macro"))
+    return values

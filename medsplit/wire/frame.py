@@ -44,6 +44,7 @@ __all__ = [
     "FrameMeta",
     "FrameSpec",
     "TensorSpec",
+    "check_frame",
     "decode_frame",
     "encode_frame",
     "raw_tensor_bytes",
@@ -94,6 +95,17 @@ class FrameKind(StrEnum):
     GRADIENTS = "gradients"
     HEAD_ACTIVATIONS = "head_activations"
     HEAD_GRADIENTS = "head_gradients"
+    # Validation at the end of a turn: the server's segment forward only, nothing learnt.
+    EVAL_ACTIVATIONS = "eval_activations"
+    EVAL_OUTPUTS = "eval_outputs"
+    # Turn control (``medsplit.turns.control``): scalars only, never data.
+    SYNC = "sync"
+    REJOIN = "rejoin"
+    RESUME = "resume"
+    METRICS = "metrics"
+    DONE = "done"
+    PAUSED = "paused"
+    STOPPED = "stopped"
 
 
 def _coerce_enum(enum: type[StrEnum], value: object, what: str) -> Any:
@@ -515,6 +527,17 @@ def _check_tensors(tensors: Mapping[str, torch.Tensor], spec: FrameSpec) -> None
             raise FrameError(
                 f"tensor {name!r}: expected shape {shape} (* = any), got {tuple(got.shape)}"
             )
+
+
+def check_frame(frame: Frame, spec: FrameSpec) -> None:
+    """Check an already decoded frame against ``spec`` (for receivers that first look at
+    the kind to know which spec applies).
+
+    Raises:
+        FrameError: the kind or the tensors do not match, saying how.
+    """
+    _check_kind(frame.meta.kind, spec)
+    _check_tensors(frame.tensors, spec)
 
 
 def decode_frame(

@@ -1,0 +1,329 @@
+"""The hospital's side of one turn over a relay: train, validate, report, come back.
+
+:class:`TurnClient` runs a hospital's turn against a :class:`~medsplit.turns.server.TurnServer`
+in another process. It starts every run with the handshake of
+:mod:`medsplit.turns.control`, so it may be started before the server, after it, or again
+after either side died: it rolls its segments back to the snapshot the server chooses
+and continues from there. Batches are the job's deterministic sequence
+(:func:`medsplit.training.schedule.turn_batches`), so steps done again are the same steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import torch
+
+from medsplit.channel import Channel, StreamPair
+from medsplit.cutting import SplitModel
+from medsplit.data import Split
+from medsplit.errors import ChannelTimeout, FrameError, MedSplitError, ProtocolError
+from medsplit.modes import Mode
+from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.protocol.layouts import make_client
+from medsplit.protocol.party import Party
+from medsplit.protocol.roles import ClientRole, StepResult, boundary_spec
+from medsplit.protocol.vanilla import LossFn
+from medsplit.training.config import TrainingConfig
+from medsplit.training.evaluate import classification_metrics, eval_mode
+from medsplit.training.schedule import Batch, turn_batches, turn_length
+from medsplit.turns import control
+from medsplit.turns.server import LOGITS
+from medsplit.turns.snapshots import SnapshotStore
+from medsplit.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Frame,
+    FrameKind,
+    FrameSpec,
+    TensorSpec,
+    check_frame,
+    decode_frame,
+    encode_frame,
+)
+
+logger = logging.getLogger(__name__)
+
+StepCallback = Callable[[StepResult], None]
+
+
+class ClientOutcome(StrEnum):
+    COMPLETED = "completed"
+    PAUSED = "paused"  # run again to continue when the job resumes
+    STOPPED = "stopped"  # the turn is over without completing (cancelled, taken away)
+
+
+class ServerSilent(MedSplitError):
+    """The server sent nothing for longer than the reply timeout."""
+
+
+@dataclass
+class ClientReport:
+    """How a run of a turn ended, and what the hospital measured."""
+
+    outcome: ClientOutcome
+    steps: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    resumed_at: list[int] = field(default_factory=list)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class TurnClient:
+    """Runs one hospital's turn (see the module docstring).
+
+    Args:
+        ids: the turn's job, round, position, mode and codec.
+        channel, streams: the relay and this hospital's streams.
+        split: the job's split model (its client segments are built from it).
+        parties: builds the hospital's parties (``front``, and ``head`` in U-shaped
+            mode) with their optimizers; their state comes from the snapshots.
+        start: the state the turn starts from (the hand-off), kept as the snapshot
+            before step 0 unless ``snapshots`` already has one.
+        config: the job's training configuration.
+        train, val: local data; neither ever leaves this process.
+        snapshots: where this turn's snapshots live (kept across runs of the turn).
+        reply_timeout: seconds without a frame from the server before giving up.
+    """
+
+    def __init__(
+        self,
+        *,
+        ids: control.TurnIds,
+        channel: Channel,
+        streams: StreamPair,
+        split: SplitModel,
+        parties: Callable[[], dict[str, Party]],
+        start: bytes,
+        config: TrainingConfig,
+        train: Split,
+        val: Split | None,
+        snapshots: SnapshotStore,
+        reply_timeout: float = 600.0,
+        loss_fn: LossFn | None = None,
+        on_step: StepCallback | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.ids = ids
+        self.channel = channel
+        self.streams = streams
+        self.split = split
+        self.make_parties = parties
+        self.config = config
+        self.train = train
+        self.val = val
+        self.snapshots = snapshots
+        self.reply_timeout = reply_timeout
+        self.loss_fn = loss_fn
+        self.on_step = on_step
+        self.max_frame_bytes = max_frame_bytes
+        if 0 not in snapshots.steps():
+            snapshots.save(0, start)
+        self.train_steps = turn_length(config, len(train))
+        self.eval_steps = _batches_in(len(val) if val is not None else 0, config.batch_size)
+        self.parties: dict[str, Party] = {}
+        self.role: ClientRole | None = None
+        self.position = 0
+        self.checkpoint_every = 1
+        self._batches: Iterator[Batch] = iter(())
+        self._losses: dict[int, float] = {}
+        self._eval_logits: dict[int, torch.Tensor] = {}
+        self._in_step = False
+
+    @property
+    def metrics_step(self) -> int:
+        """The step that carries the metrics: after every training and validation step."""
+        return self.train_steps + self.eval_steps
+
+    def state(self) -> bytes:
+        """The hospital's current training state (what it hands on after the turn)."""
+        return export_parties(self.parties)
+
+    # -- the turn -----------------------------------------------------------------------
+
+    def run(self) -> ClientReport:
+        """Take part in the turn until the server says it is done, paused or stopped.
+
+        Raises:
+            ServerSilent: nothing came from the server within ``reply_timeout``.
+            ChannelError: the relay failed.
+            ProtocolError: the server sent frames that break the protocol.
+        """
+        report = ClientReport(ClientOutcome.STOPPED)
+        answered: int | None = None
+        running = False
+        self._send(control.rejoin(self.ids, 0, self.snapshots.steps()), report)
+        while True:
+            frame = self._receive(report)
+            kind = frame.meta.kind
+            if kind == FrameKind.SYNC:
+                _check(frame, control.SYNC_SPEC)
+                answered, running = control.nonce_of(frame), False
+                self._send(control.rejoin(self.ids, answered, self.snapshots.steps()), report)
+                continue
+            if kind == FrameKind.RESUME:
+                _check(frame, control.RESUME_SPEC)
+                if control.nonce_of(frame) != answered:
+                    continue  # an answer to an earlier handshake
+                self.checkpoint_every = max(1, int(frame.tensors[control.EVERY]))
+                self._restore(frame.meta.step)
+                report.resumed_at.append(frame.meta.step)
+                running = True
+                self._send(self._next_frame(), report)
+                continue
+            if not running:
+                continue  # left over from before the handshake
+            if kind in (FrameKind.DONE, FrameKind.STOPPED, FrameKind.PAUSED):
+                return self._ended(kind, frame.meta.step, report)
+            if frame.meta.step != self.position:
+                logger.info("dropped a %s frame for step %d", kind, frame.meta.step)
+                continue
+            outgoing = self._handle(frame)
+            if outgoing is not None:
+                self._send(outgoing, report)
+
+    def _ended(self, kind: FrameKind, step: int, report: ClientReport) -> ClientReport:
+        report.steps = min(self.position, self.train_steps)
+        if kind == FrameKind.DONE:
+            report.outcome = ClientOutcome.COMPLETED
+            report.metrics = self._metrics()
+        elif kind == FrameKind.PAUSED:
+            report.outcome = ClientOutcome.PAUSED
+            if step == self.position and step <= self.train_steps:
+                # Nothing of step `step` was applied yet: this is the state "before" it.
+                self.snapshots.save(step, self.state())
+        else:
+            report.outcome = ClientOutcome.STOPPED
+        logger.info("turn %s at step %d: %s", self.ids.position, step, report.outcome)
+        return report
+
+    def _restore(self, step: int) -> None:
+        self.parties = self.make_parties()
+        import_parties(self.snapshots.load(step), self.parties)
+        self.role = make_client(
+            self.ids.mode, self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
+        )
+        self.position = step
+        self._in_step = False
+        batches = turn_batches(
+            self.config, self.train, round_=self.ids.round, hospital=self.ids.position
+        )
+        self._batches = itertools.islice(batches, min(step, self.train_steps), None)
+        self._losses = {s: v for s, v in self._losses.items() if s < step}
+        self._eval_logits = {s: v for s, v in self._eval_logits.items() if s < step}
+
+    # -- steps --------------------------------------------------------------------------
+
+    def _next_frame(self) -> Frame:
+        """What to send for step ``position``: a batch, a validation batch or the metrics."""
+        assert self.role is not None
+        if self.position < self.train_steps:
+            batch = next(self._batches)
+            self._in_step = True
+            return self.role.start(batch.ids, batch.x, batch.y)
+        if self.position < self.metrics_step:
+            x, _ = self._val_batch(self.position - self.train_steps)
+            with eval_mode([self.parties["front"].module]), torch.no_grad():
+                out = self.parties["front"].module(x)
+            return self.ids.frame(FrameKind.EVAL_ACTIVATIONS, self.position, out)
+        return control.metrics(self.ids, self.position, self._metrics())
+
+    def _handle(self, frame: Frame) -> Frame | None:
+        assert self.role is not None
+        if frame.meta.kind == FrameKind.EVAL_OUTPUTS:
+            if not self.train_steps <= self.position < self.metrics_step:
+                raise ProtocolError(f"validation output for step {self.position} is out of place")
+            self._eval_logits[self.position] = self._logits(frame)
+            self.position += 1
+            return self._next_frame()
+        if not self._in_step:
+            raise ProtocolError(f"a {frame.meta.kind} frame came with no step in flight")
+        _check(frame, self.role.expect())
+        result = self.role.receive(frame)
+        if isinstance(result, Frame):
+            return result
+        self._in_step = False
+        self._losses[self.position] = result.loss
+        if self.on_step is not None:
+            self.on_step(result)
+        self.position += 1
+        if self.position % self.checkpoint_every == 0 or self.position == self.train_steps:
+            self.snapshots.save(self.position, self.state())
+        return self._next_frame()
+
+    def _logits(self, frame: Frame) -> torch.Tensor:
+        if self.ids.mode == Mode.VANILLA:
+            spec = FrameSpec(
+                kind=FrameKind.EVAL_OUTPUTS,
+                tensors={LOGITS: TensorSpec((None, None), _float(frame))},
+            )
+            _check(frame, spec)
+            return frame.tensors[LOGITS]
+        spec = FrameSpec(
+            kind=FrameKind.EVAL_OUTPUTS, tensors=boundary_spec(self.split.boundaries[1])
+        )
+        _check(frame, spec)
+        head = self.parties["head"].module
+        with eval_mode([head]), torch.no_grad():
+            return head(**dict(frame.tensors))
+
+    def _val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.val is not None
+        size = self.config.batch_size
+        return (
+            self.val.images[index * size : (index + 1) * size],
+            self.val.labels[index * size : (index + 1) * size],
+        )
+
+    def _metrics(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        if self._losses:
+            values["train_loss"] = sum(self._losses.values()) / len(self._losses)
+        if self.val is not None and self.eval_steps and len(self._eval_logits) == self.eval_steps:
+            logits = torch.cat([self._eval_logits[s] for s in sorted(self._eval_logits)])
+            values.update(classification_metrics(logits, self.val.labels[: logits.shape[0]]))
+        return values
+
+    # -- frames -------------------------------------------------------------------------
+
+    def _receive(self, report: ClientReport) -> Frame:
+        while True:
+            try:
+                payload = self.channel.receive(self.streams.down, timeout=self.reply_timeout)
+            except ChannelTimeout as e:
+                raise ServerSilent(
+                    f"the server sent nothing for {self.reply_timeout:g} s during turn "
+                    f"{self.ids.position} of round {self.ids.round}"
+                ) from e
+            report.bytes_down += len(payload)
+            try:
+                frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
+            except FrameError as e:
+                raise ProtocolError(f"the server sent bytes that are not a frame: {e}") from e
+            if self.ids.owns(frame):
+                return frame
+            logger.info("dropped a frame of another turn (%s)", frame.meta)
+
+    def _send(self, frame: Frame, report: ClientReport) -> None:
+        payload = encode_frame(frame, max_bytes=self.max_frame_bytes)
+        self.channel.send(self.streams.up, payload)
+        report.bytes_up += len(payload)
+
+
+def _check(frame: Frame, spec: FrameSpec) -> None:
+    try:
+        check_frame(frame, spec)
+    except FrameError as e:
+        raise ProtocolError(f"the server's {frame.meta.kind} frame is not valid: {e}") from e
+
+
+def _float(frame: Frame) -> torch.dtype:
+    logits = frame.tensors.get(LOGITS)
+    return logits.dtype if logits is not None and logits.dtype.is_floating_point else torch.float32
+
+
+def _batches_in(samples: int, batch_size: int) -> int:
+    return -(-samples // batch_size)

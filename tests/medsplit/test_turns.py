@@ -1,0 +1,217 @@
+"""Turns over a relay between a TurnServer and a TurnClient: exact, and surviving a server
+that dies, pauses or stops (invariants 1 and 4)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from medsplit.channel import InMemoryChannel, StreamPair
+from medsplit.cutting import split_model
+from medsplit.data import Split, synthetic_split
+from medsplit.errors import ProtocolError
+from medsplit.modes import Mode
+from medsplit.protocol.handoff import export_parties
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.config import TrainingConfig
+from medsplit.training.reference import train_unsplit
+from medsplit.training.verify import deterministic
+from medsplit.turns import (
+    HospitalSilent,
+    MemoryCheckpointStore,
+    ServerOutcome,
+    TurnFailed,
+    TurnIds,
+    TurnServer,
+)
+from medsplit.turns import control
+from medsplit.wire import FrameKind, encode_frame
+from tests.medsplit.turn_harness import ScriptedHooks, run_over_relay
+
+ADAM = OptimizerConfig(name="adam", lr=1e-3)
+SGD = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9)
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 2)
+    )
+
+
+def shares(n: int, parts: int) -> list[Split]:
+    data = synthetic_split(n * parts, shape=(1, 8, 8), seed=3)
+    return [Split(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
+
+
+def config_for(mode: Mode, **overrides) -> TrainingConfig:
+    cuts = ("2",) if mode == Mode.VANILLA else ("2", "4")
+    values = dict(
+        cuts=cuts,
+        mode=mode,
+        client_optimizer=ADAM,
+        server_optimizer=SGD,
+        batch_size=8,
+        rounds=2,
+        job="job-turns",
+    )
+    return TrainingConfig(**{**values, **overrides})
+
+
+def assert_equals_unsplit(job, model: nn.Module, splits: list[Split], config: TrainingConfig):
+    whole = train_unsplit(model, splits, config, job.split)
+    got = job.state_dict()
+    want = whole.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert not torch.equal(want["1.weight"], model.state_dict()["1.weight"]), "nothing trained"
+
+
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
+def test_a_job_over_the_relay_equals_unsplit_training(mode: Mode) -> None:
+    model, splits, config = mlp(), shares(48, 3), config_for(mode)
+    vals = shares(10, 3)
+    with deterministic():
+        job = run_over_relay(model, splits, config, InMemoryChannel(), vals=vals)
+        assert_equals_unsplit(job, model, splits, config)
+    assert job.outcomes == [ServerOutcome.COMPLETED] * 6
+    assert all(r == [0] for r in job.resumed_at), "no turn needed a second handshake"
+    for metrics in job.metrics:
+        assert {"train_loss", "val_loss", "val_accuracy", "val_samples"} <= set(metrics)
+        assert metrics["val_samples"] == 10
+        assert 0.0 <= metrics["val_accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
+def test_a_server_that_dies_mid_turn_is_replaced_and_nothing_is_applied_twice(mode: Mode) -> None:
+    """Killed after steps 4 and 5 of one turn (checkpoints every 3): the next server
+    resumes from the checkpoint after step 2, the hospital rolls back to its snapshot
+    before step 3, and the final weights still equal unsplit training exactly."""
+    model, splits, config = mlp(), shares(48, 3), config_for(mode)
+    scripts = {(0, 1): ScriptedHooks(crash_at={5}), (1, 2): ScriptedHooks(crash_at={4, 6})}
+
+    def hooks_for(round_: int, position: int) -> ScriptedHooks:
+        return scripts.get((round_, position), ScriptedHooks())
+
+    with deterministic():
+        job = run_over_relay(model, splits, config, InMemoryChannel(), hooks_for=hooks_for)
+        assert_equals_unsplit(job, model, splits, config)
+    resumed = dict(zip([(r, p) for r in range(2) for p in range(3)], job.resumed_at, strict=True))
+    assert resumed[(0, 1)] == [0, 3]
+    assert resumed[(1, 2)] == [0, 3, 3], "killed before the checkpoint after step 5 was written"
+    assert scripts[(0, 1)].steps_seen[:6] == [1, 2, 3, 4, 5, 4]
+
+
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
+def test_pause_takes_effect_within_a_step_and_resume_continues_exactly(mode: Mode) -> None:
+    model, splits, config = mlp(), shares(48, 3), config_for(mode, rounds=1)
+    scripts = {1: ScriptedHooks(pause_at={4})}
+    with deterministic():
+        job = run_over_relay(
+            model,
+            splits,
+            config,
+            InMemoryChannel(),
+            hooks_for=lambda r, p: scripts.get(p, ScriptedHooks()),
+        )
+        assert_equals_unsplit(job, model, splits, config)
+    assert job.outcomes == [
+        ServerOutcome.COMPLETED,
+        ServerOutcome.PAUSED,
+        ServerOutcome.COMPLETED,
+        ServerOutcome.COMPLETED,
+    ]
+    assert job.resumed_at[1] == [0, 4], "paused before step 4, resumed there"
+    assert scripts[1].steps_seen[:5] == [1, 2, 3, 4, 5]
+
+
+def test_stop_ends_the_turn_on_both_sides() -> None:
+    model, splits, config = mlp(), shares(48, 2), config_for(Mode.VANILLA, rounds=1)
+    job = run_over_relay(
+        model,
+        splits,
+        config,
+        InMemoryChannel(),
+        hooks_for=lambda r, p: ScriptedHooks(stop_at={2}) if p == 1 else ScriptedHooks(),
+    )
+    assert job.outcomes == [ServerOutcome.COMPLETED, ServerOutcome.STOPPED]
+
+
+# -- the server alone, against a scripted or absent hospital ----------------------------
+
+
+def lone_server(channel: InMemoryChannel, **kwargs) -> TurnServer:
+    config = config_for(Mode.VANILLA)
+    model = mlp()
+    split = split_model(model, torch.zeros(2, 1, 8, 8), config.cuts)
+    from medsplit.protocol.party import Party
+
+    party = Party.create(split.segments[1], config.server_optimizer)
+    return TurnServer(
+        ids=TurnIds(config.job, 0, 0, Mode.VANILLA),
+        channel=channel,
+        streams=StreamPair.for_hospital(config.job, "h0"),
+        split=split,
+        party=party,
+        store=MemoryCheckpointStore(export_parties({"server": party})),
+        hooks=ScriptedHooks(),
+        batch_size=8,
+        poll_interval=0.05,
+        **kwargs,
+    )
+
+
+def test_a_hospital_that_never_shows_up_fails_the_turn_with_the_reason() -> None:
+    server = lone_server(InMemoryChannel(), silence_timeout=0.3)
+    with pytest.raises(HospitalSilent, match=r"sent nothing for .* \(silence timeout 0.3 s\)"):
+        server.run()
+
+
+def test_garbage_from_a_hospital_fails_the_turn_naming_what_was_wrong() -> None:
+    channel = InMemoryChannel()
+    server = lone_server(channel, silence_timeout=5)
+    streams = StreamPair.for_hospital("job-turns", "h0")
+    channel.send(streams.up, b"\x00garbage")
+    with pytest.raises(TurnFailed, match="hospital sent bytes that are not a frame"):
+        server.run()
+
+
+def test_a_rejoin_without_the_starting_snapshot_cannot_resume() -> None:
+    channel = InMemoryChannel()
+    server = lone_server(channel, silence_timeout=5)
+    ids = server.ids
+    streams = server.streams
+    outcome: dict[str, object] = {}
+
+    def serve() -> None:
+        try:
+            server.run()
+        except TurnFailed as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    from medsplit.wire import decode_frame
+
+    sync = decode_frame(channel.receive(streams.down, timeout=5))
+    assert sync.meta.kind == FrameKind.SYNC
+    # A hospital that offers only a snapshot the server has no checkpoint for.
+    channel.send(
+        streams.up, encode_frame(control.rejoin(ids, control.nonce_of(sync), [7]))
+    )
+    thread.join(5)
+    assert "no common point to resume from" in str(outcome["error"])
+
+
+def test_metrics_frames_are_checked() -> None:
+    ids = TurnIds("j", 0, 0, Mode.VANILLA)
+    good = control.metrics(ids, 3, {"val_accuracy": 0.5})
+    assert control.metric_values(good) == {"val_accuracy": 0.5}
+    with pytest.raises(ProtocolError, match="not finite"):
+        control.metric_values(control.metrics(ids, 3, {"val_loss": float("nan")}))
+    with pytest.raises(ProtocolError, match="lower-case name"):
+        control.metric_values(control.metrics(ids, 3, {"Bad Name": 1.0}))
