@@ -58,7 +58,7 @@ def bench(url: str, repeats: int) -> list[dict[str, object]]:
                 if client.get(key) != payload:
                     raise AssertionError("SET + GET changed the payload")
 
-            through_channel()  # warm up both paths (connections, script cache)
+            through_channel()  # warm up both paths (connections, the sender's count)
             set_get()
             relay, plain = [], []
             for _ in range(repeats):

@@ -14,13 +14,19 @@ the channel stream (``XADD``), with the fields
 The sequence counter lives next to the stream, in the hash ``{stream}:seq`` (field
 ``sent``: the last number given out, field ``read``: the last number consumed). Sending
 takes the numbers (``HINCRBY``) and appends every chunk of a message in one
-``MULTI``/``EXEC``, so a message is never half-written. Receiving reads one message
-(``XRANGE``), then deletes its entries and records how far it got in one ``MULTI``/``EXEC``,
-so consumed frames don't stay in Redis; appends trim the stream with
-``MAXLEN ~ max_stream_len`` so frames nobody reads can't grow Redis without bound.
-Because the numbers are contiguous, a reader sees every loss: entries trimmed before they
-were read (or numbered by a sender that died before appending them), a chunk missing or
-out of place, a message cut short by the next one, entries taken by another reader.
+``MULTI``/``EXEC``, so a message is never half-written. The sender computes the numbers
+from its own count (read from the hash on its first send to the stream, so a restarted
+sender continues the numbering) and checks it against what ``HINCRBY`` answers: a count
+out of step (another sender on the stream) is a ``ChannelError``. Receiving reads one
+message (``XREAD``, blocking while there is none; ``XRANGE`` for the rest of a chunked
+one), then deletes its entries and records how far it got in one ``MULTI``/``EXEC``,
+before returning it, so consumed frames don't stay in Redis and a new reader continues
+exactly where the last one stopped; appends trim the stream with
+``MAXLEN ~ max_stream_len`` so frames nobody reads can't grow Redis without bound. Because the
+numbers are contiguous, a reader sees every loss: entries trimmed before they were read
+(or numbers taken but never appended, by an append that failed in Redis), a chunk missing
+or out of place, a message cut short by the next one, entries taken by another reader,
+entries numbered by two senders out of step.
 No Lua: agents' Redis users may not load scripts, since a script that loops would stall
 the relay for everyone.
 """
@@ -64,8 +70,11 @@ class RedisChannel(Channel):
         A payload may span at most ``max_stream_len`` chunks. Bytes in, bytes out: no
         response is decoded. Each stream is meant to have one reader at a time; a new
         reader (after a restart) continues where the last one stopped. Likewise one sender
-        per stream: two senders whose appends overtake each other are reported as frames
-        out of order.
+        per stream: a sender keeps count of the stream's numbers, so a second sender, even
+        one taking turns with it, puts its count out of step. Its next ``send`` then raises
+        ``ChannelError`` (the frame went out, misnumbered; the reader reports it too) and
+        the send after that continues from the counter. A new sender (after a restart)
+        continues the numbering.
     """
 
     def __init__(
@@ -136,11 +145,9 @@ class RedisChannel(Channel):
                 last = int(conn.read_response() or 0)
             first = last + 1
             commands: list[tuple[object, ...]] = [("HINCRBY", counter, "sent", count)]
+            xadd = ("XADD", stream, "MAXLEN", "~", self.max_stream_len, "*")
             for i, chunk in enumerate(chunks):
-                commands.append(
-                    ("XADD", stream, "MAXLEN", "~", self.max_stream_len, "*")
-                    + ("s", first + i, "m", first, "i", i, "n", count, "d", chunk)
-                )
+                commands.append((*xadd, "s", first + i, "m", first, "i", i, "n", count, "d", chunk))
             replies = _transaction(conn, commands)
             healthy = True
         except redis.RedisError as e:

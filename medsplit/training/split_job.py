@@ -7,7 +7,6 @@ distributed platform runs, minus the network.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from medsplit.protocol.vanilla import LossFn
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import Evaluation, evaluate
 from medsplit.training.schedule import turn_batches
+from medsplit.turns.setup import client_parties
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,7 @@ class SplitJob:
     def _fresh_client_parties(self) -> dict[str, Party]:
         # Each turn gets its own copy of the client segments, so the only way weights
         # reach the next hospital is through the hand-off bytes.
-        return {
-            name: Party.create(
-                copy.deepcopy(self.split.segments[index]), self.config.client_optimizer
-            )
-            for name, index in client_segments(self.config.mode).items()
-        }
+        return client_parties(self.split, self.config)
 
     def client_parties(self) -> dict[str, Party]:
         """The client parties as the last hand-off left them."""

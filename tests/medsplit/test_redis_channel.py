@@ -262,3 +262,81 @@ def test_a_split_step_over_redis_matches_the_in_memory_one(redis_url: str, strea
     over_redis.close()
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_restarted_sender_continues_the_numbering(
+    redis_url: str, channel: RedisChannel, stream: str, raw: redis.Redis
+) -> None:
+    first = RedisChannel(redis_url)
+    first.send(stream, b"a")
+    first.send(stream, b"bb")
+    first.close()
+    restarted = RedisChannel(redis_url)
+    restarted.send(stream, b"c")
+    restarted.send(stream, b"d" * (3 * CHUNK))  # the reader's chunks: 4 entries
+    restarted.close()
+    assert [channel.receive(stream, timeout=2) for _ in range(3)] == [b"a", b"bb", b"c"]
+    assert channel.receive(stream, timeout=2) == b"d" * (3 * CHUNK)
+    assert raw.hget(stream + ":seq", "sent") == b"4"  # the sender's default chunks: 1 each
+    assert raw.hget(stream + ":seq", "read") == b"4"
+    assert raw.xlen(stream) == 0
+
+
+def test_numbers_taken_by_a_sender_that_died_before_appending_are_a_reported_gap(
+    redis_url: str, channel: RedisChannel, stream: str, raw: redis.Redis
+) -> None:
+    channel.send(stream, b"before")
+    raw.hincrby(stream + ":seq", "sent", 2)  # numbered, never appended
+    restarted = RedisChannel(redis_url)
+    restarted.send(stream, b"after")
+    restarted.close()
+    assert channel.receive(stream, timeout=2) == b"before"
+    with pytest.raises(ChannelError, match=r"entries 2\.\.3 are gone"):
+        channel.receive(stream, timeout=2)
+    assert channel.receive(stream, timeout=2) == b"after"
+
+
+def test_a_sender_put_out_of_step_says_so_and_the_reader_reports_it(
+    redis_url: str, channel: RedisChannel, stream: str
+) -> None:
+    channel.send(stream, b"a1")
+    other = RedisChannel(redis_url)
+    other.send(stream, b"b1")  # a second sender, taking turns: against the rule
+    other.close()
+    with pytest.raises(ChannelError, match=r"counter reached 3 where this sender expected 2"):
+        channel.send(stream, b"a2")  # numbered from its stale count: entry 2 again
+    channel.send(stream, b"a3")  # continues from the counter: entry 4
+    reader = RedisChannel(redis_url)
+    assert reader.receive(stream, timeout=2) == b"a1"
+    assert reader.receive(stream, timeout=2) == b"b1"
+    with pytest.raises(ChannelError, match="out of order"):
+        reader.receive(stream, timeout=2)
+    with pytest.raises(ChannelError, match=r"entries 3\.\.3 are gone"):
+        reader.receive(stream, timeout=2)
+    assert reader.receive(stream, timeout=2) == b"a3"
+    reader.close()
+
+
+def test_a_zero_timeout_takes_a_waiting_frame_without_blocking(
+    channel: RedisChannel, stream: str
+) -> None:
+    with pytest.raises(ChannelTimeout):
+        channel.receive(stream, timeout=0)
+    channel.send(stream, b"ready" * CHUNK)  # several chunks
+    assert channel.receive(stream, timeout=0) == b"ready" * CHUNK
+
+
+def test_an_append_refused_by_redis_is_an_error_and_numbers_nothing_twice(
+    channel: RedisChannel, stream: str, raw: redis.Redis
+) -> None:
+    channel.send(stream, b"one")
+    assert channel.receive(stream, timeout=2) == b"one"
+    raw.delete(stream)
+    raw.set(stream, b"not a stream")  # XADD fails inside EXEC, HINCRBY does not
+    with pytest.raises(ChannelError, match="WRONGTYPE"):
+        channel.send(stream, b"two")
+    raw.delete(stream)
+    channel.send(stream, b"three")  # numbered after the lost one: the gap is reported
+    with pytest.raises(ChannelError, match=r"entries 2\.\.2 are gone"):
+        channel.receive(stream, timeout=2)
+    assert channel.receive(stream, timeout=2) == b"three"

@@ -26,8 +26,8 @@ from medsplit.turns import (
     TurnFailed,
     TurnIds,
     TurnServer,
+    control,
 )
-from medsplit.turns import control
 from medsplit.wire import FrameKind, encode_frame
 from tests.medsplit.turn_harness import ScriptedHooks, run_over_relay
 
@@ -200,9 +200,7 @@ def test_a_rejoin_without_the_starting_snapshot_cannot_resume() -> None:
     sync = decode_frame(channel.receive(streams.down, timeout=5))
     assert sync.meta.kind == FrameKind.SYNC
     # A hospital that offers only a snapshot the server has no checkpoint for.
-    channel.send(
-        streams.up, encode_frame(control.rejoin(ids, control.nonce_of(sync), [7]))
-    )
+    channel.send(streams.up, encode_frame(control.rejoin(ids, control.nonce_of(sync), [7])))
     thread.join(5)
     assert "no common point to resume from" in str(outcome["error"])
 

@@ -6,7 +6,6 @@ hospitals run in the calling thread. The result is compared with unsplit trainin
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel, split_model
 from medsplit.data import Split
 from medsplit.protocol.handoff import export_parties, import_parties
-from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
 from medsplit.turns import (
@@ -32,6 +30,7 @@ from medsplit.turns import (
     TurnProgress,
     TurnServer,
 )
+from medsplit.turns.setup import client_parties, server_party
 
 
 class SimulatedCrash(Exception):
@@ -91,14 +90,10 @@ class RelayJob:
         return merged
 
     def server_party(self) -> Party:
-        segment = copy.deepcopy(self.split.segments[SERVER_SEGMENT])
-        return Party.create(segment, self.config.server_optimizer)
+        return server_party(self.split, self.config)
 
     def client_parties(self) -> dict[str, Party]:
-        return {
-            name: Party.create(copy.deepcopy(self.split.segments[i]), self.config.client_optimizer)
-            for name, i in client_segments(self.config.mode).items()
-        }
+        return client_parties(self.split, self.config)
 
 
 def run_over_relay(

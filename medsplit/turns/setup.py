@@ -1,0 +1,59 @@
+"""What the server and every hospital build from a job's description, identically.
+
+Both sides build the registry model from the job's seed, cut it where the job says and
+wrap their segments in parties; so the server's and the hospitals' starting weights are
+the two halves of one model, without any weights crossing.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from medsplit.cutting import SplitModel, split_model
+from medsplit.models import build_model
+from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments
+from medsplit.protocol.party import Party
+from medsplit.training.config import TrainingConfig
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """The model of a job: registry name, shape of its inputs, classes and seed."""
+
+    name: str
+    spatial_dims: int
+    in_channels: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    seed: int
+
+    def build(self) -> torch.nn.Module:
+        return build_model(
+            self.name,
+            spatial_dims=self.spatial_dims,
+            in_channels=self.in_channels,
+            num_classes=self.num_classes,
+            seed=self.seed,
+        )
+
+    def split(self, config: TrainingConfig) -> SplitModel:
+        """The model as ``config.cuts`` cut it (traced on a batch of two zero inputs)."""
+        example = torch.zeros(2, *self.input_shape)
+        return split_model(self.build(), example, config.cuts)
+
+
+def server_party(split: SplitModel, config: TrainingConfig) -> Party:
+    """A fresh server party: its own copy of the server segment, with its optimizer."""
+    segment = copy.deepcopy(split.segments[SERVER_SEGMENT])
+    return Party.create(segment, config.server_optimizer)
+
+
+def client_parties(split: SplitModel, config: TrainingConfig) -> dict[str, Party]:
+    """Fresh hospital parties (``front``, and ``head`` in U-shaped mode), own copies."""
+    return {
+        name: Party.create(copy.deepcopy(split.segments[index]), config.client_optimizer)
+        for name, index in client_segments(config.mode).items()
+    }
