@@ -365,7 +365,7 @@ class TurnServer:
             waited = time.monotonic() - silent_since
             if waited >= self.silence_timeout:
                 raise HospitalSilent(
-                    f"the hospital sent nothing for {waited:.0f} s "
+                    f"the hospital sent nothing for {waited:.1f} s "
                     f"(silence timeout {self.silence_timeout:g} s)"
                 )
             wait = min(self.poll_interval, self.silence_timeout - waited)

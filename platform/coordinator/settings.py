@@ -88,6 +88,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     # Writers queue for the lock instead of failing with "database is locked".
     DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    # A file, not memory, so that workers started by the tests share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-coordinator.sqlite3")}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -176,6 +178,40 @@ MEDSPLIT = {
     "REDIS_ACL_PROVISIONER": os.environ.get(
         "MEDSPLIT_REDIS_ACL_PROVISIONER", "hospitals.relay_acl.NoRelayProvisioner"
     ),
+    # Where the workers reach the relay, as their own Redis user (default: REDIS_URL).
+    "WORKER_REDIS_URL": os.environ.get("MEDSPLIT_WORKER_REDIS_URL")
+    or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    # Tells the workers at once that a job was scheduled or resumed (see
+    # training/dispatch.py); without it the periodic sweep finds the job within SWEEP_SECONDS.
+    "JOB_DISPATCHER": os.environ.get(
+        "MEDSPLIT_JOB_DISPATCHER", "training.dispatch.SweepOnlyDispatcher"
+    ),
+    # Server checkpoints (safetensors files); shared storage when workers run on several hosts.
+    "CHECKPOINT_DIR": Path(os.environ.get("MEDSPLIT_CHECKPOINT_DIR", DATA_DIR / "checkpoints")),
+    # Steps between two checkpoints of a turn (and at its end, and on pause).
+    "CHECKPOINT_EVERY": int(os.environ.get("MEDSPLIT_CHECKPOINT_EVERY", "50")),
+    # A hospital that sends nothing for this long (or never shows up) fails its turn.
+    "TURN_SILENCE_SECONDS": float(os.environ.get("MEDSPLIT_TURN_SILENCE", "120")),
+    # A worker renews its hold on a turn well within this; a killed one loses it after.
+    "TURN_LEASE_SECONDS": float(os.environ.get("MEDSPLIT_TURN_LEASE", "30")),
+    # How often the scheduler's sweep looks for work nobody is doing.
+    "SWEEP_SECONDS": float(os.environ.get("MEDSPLIT_SWEEP_SECONDS", "5")),
+    # Deterministic kernels in the workers, so that invariant 1 (exactness) holds.
+    "DETERMINISTIC": os.environ.get("MEDSPLIT_DETERMINISTIC", "1") == "1",
+}
+
+# Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task
+# whose worker dies is delivered again; every task is safe to run twice.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or MEDSPLIT["WORKER_REDIS_URL"]
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("MEDSPLIT_CELERY_QUEUE", "celery")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {"task": "medsplit.sweep", "schedule": MEDSPLIT["SWEEP_SECONDS"]},
 }
 
 LOGGING = {

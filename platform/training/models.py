@@ -70,6 +70,10 @@ class Job(models.Model):
     current_turn = models.ForeignKey(
         "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The server's weights where the last completed turn left them (None: as initialised).
+    server_checkpoint = models.ForeignKey(
+        "ServerCheckpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     hospitals = models.ManyToManyField(
         "hospitals.Hospital", through="JobParticipant", related_name="jobs"
@@ -190,6 +194,12 @@ class Turn(models.Model):
     # Validation metrics reported at the end of the turn, e.g. {"val_accuracy": 0.91}.
     metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True)
+    # Which worker runs the turn's server side, and until when it holds it: a runner that
+    # stops renewing (killed) loses the turn to the next one the scheduler sends.
+    runner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["id"]
@@ -247,3 +257,40 @@ class HandOff(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+
+class ServerCheckpoint(models.Model):
+    """The server segment's training state after one step of a turn, as a file.
+
+    The file (safetensors: weights, optimizer state, schedule) lies under
+    ``MEDSPLIT["CHECKPOINT_DIR"]`` at ``path``; ``sha256`` is checked on every load. A
+    checkpoint belongs to a turn's place in the job (round and position), not to one
+    attempt: a retried turn may continue from where the failed attempt's checkpoint left
+    it, since the steps of a place are the same in every attempt. Server weights only:
+    no hospital's weights or data are ever kept here.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="server_checkpoints")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="server_checkpoints")
+    round_index = models.PositiveIntegerField()
+    position = models.PositiveSmallIntegerField()
+    # The last step the state has applied (steps count from 0 within the turn).
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=500)
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["round_index", "position", "step"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "round_index", "position", "step"], name="checkpoint_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"checkpoint of job {self.job_id} round {self.round_index} "
+            f"position {self.position} after step {self.step}"
+        )

@@ -37,6 +37,7 @@ from audit.services import audit_record
 from coordinator.actors import Actor, ActorKind
 from coordinator.errors import Conflict, InvalidInput, PermissionDenied
 from hospitals.models import Hospital
+from training.dispatch import job_changed_on_commit
 from training.models import (
     HandOff,
     Job,
@@ -186,6 +187,11 @@ def job_transition(*, job: Job, to: JobState | str, actor: Actor, reason: str = 
             locked,
             details={"from": current.value, "to": requested.value, "reason": reason, **closed},
         )
+        if requested == JobState.SCHEDULED or (current, requested) == (
+            JobState.PAUSED,
+            JobState.RUNNING,
+        ):
+            job_changed_on_commit(locked.pk)
     return locked
 
 

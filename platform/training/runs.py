@@ -1,0 +1,204 @@
+"""Services of a turn's server side: a worker's hold on the turn (its lease), what the
+worker asks before every step, the checkpoints it writes, and the turn's completion.
+
+A worker *claims* a running turn for ``lease_seconds`` and renews the claim while it
+works. A worker that is killed stops renewing; once its lease has expired the scheduler's
+sweep sends the turn to another worker, which claims it (audited as a take-over) and
+continues from the last checkpoint. Two workers never hold one turn: claims and renewals
+are conditional updates under the turn's row lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from audit.services import audit_record
+from coordinator.actors import Actor
+from training.models import Job, ServerCheckpoint, Turn
+from training.services import turn_finish
+from training.states import JobState
+
+logger = logging.getLogger(__name__)
+
+
+class Directive(StrEnum):
+    """What a runner is told before each step (mirrors ``medsplit.turns.Directive``)."""
+
+    RUN = "run"
+    PAUSE = "pause"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class TurnClaim:
+    """A turn a runner now holds, with what it needs to run it."""
+
+    turn: Turn
+    job: Job
+    round_index: int
+
+
+def turn_claim(
+    *, turn_id: int, runner: str, lease_seconds: float, now: datetime | None = None
+) -> TurnClaim | None:
+    """Take turn ``turn_id`` for ``runner`` unless another runner's lease is still live.
+
+    Returns:
+        The claim; ``None`` when the turn is not running, its job is not running, or
+        another runner holds it (a duplicate task, which then does nothing).
+    """
+    now = now or timezone.now()
+    job_id = Turn.objects.filter(pk=turn_id).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return None
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)  # job first, then turn
+        turn = Turn.objects.select_for_update().select_related("hospital", "round").get(pk=turn_id)
+        if turn.status != Turn.Status.RUNNING or job.state != JobState.RUNNING:
+            return None
+        live = turn.lease_expires_at is not None and turn.lease_expires_at > now
+        if turn.runner and turn.runner != runner and live:
+            return None
+        previous = turn.runner if turn.runner != runner else ""
+        turn.runner = runner
+        turn.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        turn.runs += 1
+        turn.save(update_fields=["runner", "lease_expires_at", "runs"])
+        if previous:
+            audit_record(
+                actor=Actor.system(),
+                action="turn.taken_over",
+                target=f"turn:{turn.pk}",
+                hospital=turn.hospital.slug,
+                job_id=job.pk,
+                details={"from": previous, "to": runner, "reason": "the previous lease expired"},
+            )
+    return TurnClaim(turn=turn, job=job, round_index=turn.round.index)
+
+
+def turn_directive(*, turn_id: int, runner: str, lease_seconds: float, renew: bool) -> Directive:
+    """What ``runner`` should do before its next step; renews its lease when ``renew``.
+
+    ``stop`` when the turn is no longer running or no longer held by ``runner`` (the job
+    was cancelled, the turn failed, another runner took it over), ``pause`` while the
+    job is paused, else ``run``.
+    """
+    row = Turn.objects.filter(pk=turn_id).values_list("runner", "status", "job__state").first()
+    if row is None:
+        return Directive.STOP
+    holder, status, job_state = row
+    if status != Turn.Status.RUNNING or holder != runner:
+        return Directive.STOP
+    if job_state == JobState.PAUSED:
+        return Directive.PAUSE
+    if job_state != JobState.RUNNING:
+        return Directive.STOP
+    if renew:
+        lease = timezone.now() + timedelta(seconds=lease_seconds)
+        held = Turn.objects.filter(pk=turn_id, runner=runner, status=Turn.Status.RUNNING).update(
+            lease_expires_at=lease
+        )
+        if not held:
+            return Directive.STOP
+    return Directive.RUN
+
+
+def turn_release(*, turn_id: int, runner: str) -> None:
+    """Give the turn up (paused, stopped, failed): the next runner need not wait."""
+    Turn.objects.filter(pk=turn_id, runner=runner).update(runner="", lease_expires_at=None)
+
+
+# -- checkpoints ------------------------------------------------------------------------
+
+KEEP_PER_TURN = 2
+
+
+def checkpoint_dir() -> Path:
+    return Path(settings.MEDSPLIT["CHECKPOINT_DIR"])
+
+
+def checkpoint_path(*, job_id: int, round_index: int, position: int, step: int) -> str:
+    """Where a checkpoint's file lies, relative to ``MEDSPLIT["CHECKPOINT_DIR"]``."""
+    return f"job-{job_id}/round-{round_index}-position-{position}-step-{step}.safetensors"
+
+
+def checkpoints_of_place(*, job_id: int, round_index: int, position: int) -> QuerySet:
+    """Checkpoints of one turn's place in a job (every attempt), oldest step first."""
+    return ServerCheckpoint.objects.filter(
+        job_id=job_id, round_index=round_index, position=position
+    ).order_by("step")
+
+
+def checkpoint_record(
+    *, turn: Turn, round_index: int, step: int, path: str, sha256: str, size_bytes: int
+) -> ServerCheckpoint:
+    """Record a checkpoint file the runner wrote; keep the newest two of the turn's place.
+
+    Files of dropped records are deleted once the transaction commits.
+    """
+    with transaction.atomic():
+        checkpoint, _ = ServerCheckpoint.objects.update_or_create(
+            job_id=turn.job_id,
+            round_index=round_index,
+            position=turn.position,
+            step=step,
+            defaults={
+                "turn": turn,
+                "path": path,
+                "sha256": sha256,
+                "size_bytes": size_bytes,
+                "created_at": timezone.now(),
+            },
+        )
+        place = checkpoints_of_place(
+            job_id=turn.job_id, round_index=round_index, position=turn.position
+        )
+        keep = list(place.order_by("-step").values_list("pk", flat=True)[:KEEP_PER_TURN])
+        job_checkpoint = Job.objects.filter(pk=turn.job_id).values_list(
+            "server_checkpoint_id", flat=True
+        )
+        _delete_checkpoints(place.exclude(pk__in=keep).exclude(pk__in=job_checkpoint))
+    return checkpoint
+
+
+def turn_complete(*, turn: Turn, metrics: dict[str, float]) -> Turn:
+    """Finish the turn (:func:`training.services.turn_finish`) and make its last
+    checkpoint the job's server state, which the next turn starts from; drop the rest."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=turn.job_id)
+        finished = turn_finish(turn=turn, metrics=metrics)
+        round_index = finished.round.index
+        latest = (
+            checkpoints_of_place(job_id=job.pk, round_index=round_index, position=finished.position)
+            .order_by("-step")
+            .first()
+        )
+        if latest is not None and job.server_checkpoint_id != latest.pk:
+            Job.objects.filter(pk=job.pk).update(server_checkpoint=latest)
+        keep = latest.pk if latest is not None else job.server_checkpoint_id
+        Turn.objects.filter(pk=turn.pk).update(runner="", lease_expires_at=None)
+        _delete_checkpoints(job.server_checkpoints.filter(~Q(pk=keep)))
+    return finished
+
+
+def _delete_checkpoints(rows: QuerySet) -> None:
+    paths = [checkpoint_dir() / p for p in rows.values_list("path", flat=True)]
+    rows.delete()
+
+    def unlink() -> None:
+        for path in paths:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:  # a file left behind wastes space, nothing more
+                logger.warning("could not delete checkpoint file %s: %s", path, e)
+
+    transaction.on_commit(unlink)

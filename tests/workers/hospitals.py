@@ -1,0 +1,148 @@
+"""Plays the hospitals of a job with the core library's client role, until the agent
+(hospital_agent/) exists: turns in the job's order, each hospital on its own data."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from medsplit.channel import StreamPair
+from medsplit.channel.redis import RedisChannel
+from medsplit.data import Split, synthetic_split
+from medsplit.errors import ChannelError
+from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.training.reference import train_unsplit
+from medsplit.turns import ClientOutcome, ClientReport, MemorySnapshots, TurnClient, TurnIds
+from medsplit.turns.checkpoints import read_verified
+from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.setup import client_parties, server_party
+from training.models import Job
+from training.runs import checkpoint_dir
+from workers.turn_runner import job_model
+
+logger = logging.getLogger(__name__)
+
+
+def local_data(job: Job, samples: int) -> list[Split]:
+    """Each participant's own synthetic images, of the job's input shape."""
+    shape = tuple(job.input_shape)
+    return [
+        synthetic_split(samples, shape=shape, num_classes=job.num_classes, seed=100 + i)
+        for i in range(job.participants.count())
+    ]
+
+
+@dataclass
+class Hospitals:
+    """Every participant of ``job``, taking its turns in order in a background thread."""
+
+    job: Job
+    redis_url: str
+    train: list[Split]
+    val: list[Split | None]
+    reply_timeout: float = 60.0
+    reports: list[ClientReport] = field(default_factory=list)
+    relay_errors: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self.config = self.job.training_config()
+        self.split = job_model(self.job).split(self.config)
+        self.slugs = list(
+            self.job.participants.order_by("position").values_list("hospital__slug", flat=True)
+        )
+        self.client_state = export_parties(client_parties(self.split, self.config))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.done = threading.Event()
+
+    def start(self) -> Hospitals:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the hospitals did not finish within {timeout} s")
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            for round_ in range(self.config.rounds):
+                for position, slug in enumerate(self.slugs):
+                    self._turn(round_, position, slug)
+        except BaseException as e:  # reported by join()
+            self.error = e
+        finally:
+            self.done.set()
+
+    def _turn(self, round_: int, position: int, slug: str) -> None:
+        config = self.config
+        client = TurnClient(
+            ids=TurnIds(config.job, round_, position, config.mode, config.codec),
+            channel=RedisChannel(self.redis_url),
+            streams=StreamPair.for_hospital(config.job, slug),
+            split=self.split,
+            parties=lambda: client_parties(self.split, config),
+            start=self.client_state,
+            config=config,
+            train=self.train[position],
+            val=self.val[position],
+            snapshots=MemorySnapshots(),
+            reply_timeout=self.reply_timeout,
+        )
+        while True:
+            try:
+                report = client.run()
+            except ChannelError as e:
+                # The relay went away (Redis restarted): come back with a fresh
+                # connection; the server's next handshake says where to resume.
+                self.relay_errors.append(str(e))
+                logger.info("hospital %s: relay failed (%s); retrying", slug, e)
+                time.sleep(0.5)
+                client.channel.close()
+                client.channel = RedisChannel(self.redis_url)
+                continue
+            self.reports.append(report)
+            if report.outcome == ClientOutcome.COMPLETED:
+                self.client_state = client.state()
+                return
+            if report.outcome == ClientOutcome.STOPPED:
+                raise _Stopped(f"turn {position} of round {round_} was stopped")
+
+    # -- what the job produced ------------------------------------------------------------
+
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """The server's weights (from the job's checkpoint) with the hospitals' last state."""
+        self.job.refresh_from_db()
+        row = self.job.server_checkpoint
+        assert row is not None, "the job kept no server checkpoint"
+        server = server_party(self.split, self.config)
+        import_parties(
+            read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server}
+        )
+        clients = client_parties(self.split, self.config)
+        import_parties(self.client_state, clients)
+        merged = dict(server.module.state_dict())
+        for party in clients.values():
+            merged.update(party.module.state_dict())
+        return merged
+
+    def unsplit_weights(self) -> dict[str, torch.Tensor]:
+        model = job_model(self.job).build()
+        return train_unsplit(model, self.train, self.config, self.split).state_dict()
+
+
+class _Stopped(Exception):
+    pass
+
+
+def assert_exact(hospitals: Hospitals) -> None:
+    got, want = hospitals.trained_weights(), hospitals.unsplit_weights()
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), f"{name} differs from unsplit training"

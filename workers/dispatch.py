@@ -1,0 +1,13 @@
+"""The job dispatcher the coordinator calls when a job is scheduled or resumed
+(``MEDSPLIT_JOB_DISPATCHER=workers.dispatch.CeleryDispatcher``; see training/dispatch.py)."""
+
+from __future__ import annotations
+
+
+class CeleryDispatcher:
+    """Sends the scheduler's ``advance_job`` task for the job."""
+
+    def job_changed(self, job_id: int) -> None:
+        from workers.tasks import advance_job  # the web process loads Celery only here
+
+        advance_job.delay(job_id)

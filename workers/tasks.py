@@ -1,0 +1,48 @@
+"""The scheduler's tasks. Each takes ids, loads fresh state, calls services, and is safe
+to run twice (a duplicate finds nothing to do)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from training.scheduling import job_advance, jobs_to_advance, turn_dispatched, turns_without_runner
+from workers import turn_runner
+from workers.celery_app import app
+
+logger = logging.getLogger(__name__)
+
+
+@app.task(name="medsplit.advance_job")
+def advance_job(job_id: int) -> None:
+    """Start a scheduled job or move a running one on; send its turn to a worker."""
+    turn = job_advance(job_id=job_id)
+    if turn is not None:
+        _send_turn(turn.pk)
+
+
+@app.task(name="medsplit.run_turn")
+def run_turn(turn_id: int) -> str:
+    """Run the server side of a turn (it may take minutes); then move the job on."""
+    runner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    result = turn_runner.run(turn_id, runner=runner)
+    if result.advance:
+        advance_job.delay(result.job_id)
+    return result.outcome
+
+
+@app.task(name="medsplit.sweep")
+def sweep() -> None:
+    """Find work nobody is doing: scheduled jobs, lost follow-ups, turns whose worker died."""
+    for job_id in jobs_to_advance():
+        advance_job.delay(job_id)
+    for turn_id in turns_without_runner():
+        logger.info("turn %s has no live runner; sending it to a worker", turn_id)
+        _send_turn(turn_id)
+
+
+def _send_turn(turn_id: int) -> None:
+    turn_dispatched(turn_id=turn_id)
+    run_turn.delay(turn_id)
