@@ -99,6 +99,8 @@ def run(turn_id: int, *, runner: str) -> RunResult:
             checkpoint_every=options["CHECKPOINT_EVERY"],
             silence_timeout=options["TURN_SILENCE_SECONDS"],
             initial=TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down),
+            # After a crash or a failed attempt, stale frames and counters may be left.
+            reset_streams=claim.taken_over or turn.attempt > 1,
         )
         outcome = server.run()
     except MedSplitError as e:

@@ -38,5 +38,9 @@ class Channel(ABC):
             ChannelTimeout: nothing arrived in time.
         """
 
+    @abstractmethod
+    def reset(self, stream: str) -> None:
+        """Drop everything on ``stream`` and start it afresh (after a failure)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, most channels hold nothing
         """Release what the channel holds."""

@@ -46,6 +46,10 @@ class InMemoryChannel(Channel):
                 raise ChannelTimeout(f"no frame on stream {stream!r} within {timeout:g} s")
             return self._streams[stream].popleft()
 
+    def reset(self, stream: str) -> None:
+        with self._ready:
+            self._streams.pop(stream, None)
+
     def pending(self, stream: str) -> int:
         """Payloads waiting on ``stream``."""
         with self._ready:

@@ -240,6 +240,21 @@ class RedisChannel(Channel):
             raise ChannelError(lost + "; the next receive returns the frame after the gap")
         return payload
 
+    def reset(self, stream: str) -> None:
+        """Delete ``stream`` and its counters in Redis, and forget this instance's place in it.
+
+        For a party taking a stream over after a failure (a restarted Redis, a replaced
+        worker): whatever was on it is dropped, numbering starts again at 1. Other
+        instances still holding the old place get a ``ChannelError`` on their next use,
+        and must be replaced.
+        """
+        try:
+            self._redis.delete(stream, stream + SEQ_SUFFIX)
+        except redis.RedisError as e:
+            raise self._error("resetting", stream, e) from e
+        for held in (self._last_id, self._last_seq, self._sent, self._held):
+            held.pop(stream, None)
+
     def close(self) -> None:
         self._redis.close()
 

@@ -132,6 +132,8 @@ class TurnClient:
         self._losses: dict[int, float] = {}
         self._eval_logits: dict[int, torch.Tensor] = {}
         self._in_step = False
+        #: Every step this turn resumed at, over all runs (a run cut short included).
+        self.resumed_at: list[int] = []
 
     @property
     def metrics_step(self) -> int:
@@ -155,7 +157,7 @@ class TurnClient:
         report = ClientReport(ClientOutcome.STOPPED)
         answered: int | None = None
         running = False
-        self._send(control.rejoin(self.ids, 0, self.snapshots.steps()), report)
+        self._send(control.rejoin(self.ids, control.HELLO, self.snapshots.steps()), report)
         while True:
             frame = self._receive(report)
             kind = frame.meta.kind
@@ -171,6 +173,7 @@ class TurnClient:
                 self.checkpoint_every = max(1, int(frame.tensors[control.EVERY]))
                 self._restore(frame.meta.step)
                 report.resumed_at.append(frame.meta.step)
+                self.resumed_at.append(frame.meta.step)
                 running = True
                 self._send(self._next_frame(), report)
                 continue

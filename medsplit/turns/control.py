@@ -7,7 +7,10 @@ over and a hospital coming back all go the same way::
     server ◀── rejoin(nonce, snapshot steps) ─── hospital
     server ── resume(nonce, step s) ─────────────▶ hospital   (both restored to "before s")
 
-The server picks ``s``: the latest step before which the hospital holds a snapshot and
+A hospital starting (or coming back) first sends an unprompted ``rejoin`` with the nonce
+:data:`HELLO`; a server waiting for an answer then sends its ``sync`` again with a new
+nonce (the first may have been lost), and a server in the middle of a turn starts a new
+handshake. The server picks ``s``: the latest step before which the hospital holds a snapshot and
 after whose predecessor the server holds a checkpoint (``-1``, the turn's starting point,
 is always on both sides, so a turn can always start over). The nonce ties the three
 frames together, so frames of an earlier handshake, still queued on a stream, are told
@@ -59,8 +62,12 @@ class TurnIds:
         return (m.job, m.round, m.turn) == (self.job, self.round, self.position)
 
 
+#: The nonce of a hospital's unprompted rejoin: "I am here (again)", sent when it starts.
+HELLO = 0
+
+
 def new_nonce() -> int:
-    return secrets.randbits(62) + 1  # never 0: 0 is a hospital's "I am here"
+    return secrets.randbits(62) + 1  # never HELLO
 
 
 def nonce_of(frame: Frame) -> int:
@@ -72,7 +79,7 @@ def sync(ids: TurnIds, nonce: int) -> Frame:
 
 
 def rejoin(ids: TurnIds, nonce: int, snapshots: Sequence[int]) -> Frame:
-    """The hospital's answer to ``sync`` (or, with nonce 0, its unprompted "I am here")."""
+    """The hospital's answer to ``sync`` (or, with :data:`HELLO`, its unprompted one)."""
     steps = sorted(set(snapshots))[-MAX_SNAPSHOTS:]
     return ids.frame(
         FrameKind.REJOIN,

@@ -29,7 +29,13 @@ import torch
 
 from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel
-from medsplit.errors import ChannelTimeout, FrameError, MedSplitError, ProtocolError
+from medsplit.errors import (
+    ChannelError,
+    ChannelTimeout,
+    FrameError,
+    MedSplitError,
+    ProtocolError,
+)
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import make_server
 from medsplit.protocol.party import Party
@@ -126,6 +132,8 @@ class TurnServer:
         silence_timeout: seconds without a frame from the hospital before the turn fails.
         poll_interval: longest wait between two looks at the directive.
         initial: counters carried over from an earlier run of the same turn.
+        reset_streams: start both streams afresh (a run taking the turn over after a
+            failure, when stale frames or counters may be left on them).
     """
 
     def __init__(
@@ -145,6 +153,7 @@ class TurnServer:
         loss_fn: LossFn | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         initial: TurnProgress | None = None,
+        reset_streams: bool = False,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
@@ -162,6 +171,7 @@ class TurnServer:
         self.loss_fn = loss_fn
         self.max_frame_bytes = max_frame_bytes
         self.progress = initial or TurnProgress()
+        self.reset_streams = reset_streams
         self.next_step = 0
         self.saved_through: int | None = None  # the checkpoint the weights equal, if any
         self.training_done = False
@@ -183,6 +193,11 @@ class TurnServer:
             CheckpointError: a checkpoint could not be read.
         """
         try:
+            if self.reset_streams:
+                # Taking over after a failure: stale frames and counters go; a hospital
+                # still holding the old place reconnects and says hello again.
+                self.channel.reset(self.streams.up)
+                self.channel.reset(self.streams.down)
             self._handshake()
             while True:
                 frame = self._next_frame(at_boundary=not self._mid_step)
@@ -195,9 +210,11 @@ class TurnServer:
     def _dispatch(self, frame: Frame) -> ServerOutcome | None:
         kind, step = frame.meta.kind, frame.meta.step
         if kind == FrameKind.REJOIN:
-            if control.nonce_of(frame) != self.nonce:
-                logger.info("%s: hospital rejoined; starting a new handshake", self._where())
+            if control.nonce_of(frame) == control.HELLO:
+                logger.info("%s: the hospital came back; starting a new handshake", self._where())
                 self._handshake()
+            else:
+                self._drop(frame, "an answer to a handshake already done")
             return None
         if kind in _TRAINING_KINDS and not self.training_done:
             if step == self.next_step:
@@ -235,6 +252,11 @@ class TurnServer:
         self._send(control.sync(self.ids, self.nonce))
         while True:
             frame = self._next_frame(at_boundary=True)
+            if frame.meta.kind == FrameKind.REJOIN and control.nonce_of(frame) == control.HELLO:
+                # A hospital (re)starting, which may have missed the sync: ask again.
+                self.nonce = control.new_nonce()
+                self._send(control.sync(self.ids, self.nonce))
+                continue
             if frame.meta.kind != FrameKind.REJOIN or control.nonce_of(frame) != self.nonce:
                 self._drop(frame, "waiting for the hospital to answer the handshake")
                 continue
@@ -357,6 +379,7 @@ class TurnServer:
     def _next_frame(self, *, at_boundary: bool) -> Frame:
         """The next frame of this turn from the hospital; frames of other turns are dropped."""
         silent_since = time.monotonic()
+        relay_error = ""
         while True:
             if at_boundary:
                 directive = self.hooks.directive()
@@ -366,12 +389,19 @@ class TurnServer:
             if waited >= self.silence_timeout:
                 raise HospitalSilent(
                     f"the hospital sent nothing for {waited:.1f} s "
-                    f"(silence timeout {self.silence_timeout:g} s)"
+                    f"(silence timeout {self.silence_timeout:g} s){relay_error}"
                 )
             wait = min(self.poll_interval, self.silence_timeout - waited)
             try:
                 payload = self.channel.receive(self.streams.up, timeout=max(wait, 0.01))
             except ChannelTimeout:
+                continue
+            except ChannelError as e:
+                # Redis away, or frames lost on the stream: the hospital's next hello (or
+                # the silence timeout) decides; the loss itself is logged, never ignored.
+                logger.warning("%s: relay: %s", self._where(), e)
+                relay_error = f"; last relay error: {e}"
+                time.sleep(min(self.poll_interval, 1.0))
                 continue
             self.progress.bytes_up += len(payload)
             try:

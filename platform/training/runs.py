@@ -45,6 +45,8 @@ class TurnClaim:
     turn: Turn
     job: Job
     round_index: int
+    #: Another runner held the turn and did not give it back (it died or hung).
+    taken_over: bool = False
 
 
 def turn_claim(
@@ -82,7 +84,7 @@ def turn_claim(
                 job_id=job.pk,
                 details={"from": previous, "to": runner, "reason": "the previous lease expired"},
             )
-    return TurnClaim(turn=turn, job=job, round_index=turn.round.index)
+    return TurnClaim(turn=turn, job=job, round_index=turn.round.index, taken_over=bool(previous))
 
 
 def turn_directive(*, turn_id: int, runner: str, lease_seconds: float, renew: bool) -> Directive:

