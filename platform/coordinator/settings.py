@@ -210,6 +210,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# No remote control over the broker (`celery inspect`/`control`): it would need a queue
+# per worker node outside the workers' Redis key patterns, and is a way to command
+# workers that nothing here uses.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "medsplit.sweep", "schedule": MEDSPLIT["SWEEP_SECONDS"]},
 }

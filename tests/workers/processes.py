@@ -6,6 +6,7 @@ stopped (SIGTERM, then SIGKILL) when the test ends.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -15,12 +16,17 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
+from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
+from django.test import override_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,6 +174,39 @@ def processes(tmp_path: Path, redis_url: str, settings) -> Iterator[Processes]:
         pass  # a test's own Redis may be gone already
     finally:
         client.close()
+
+
+@contextmanager
+def workers_relay_user(redis_url: str, processes: Processes) -> Iterator[str | None]:
+    """Give the worker processes their own Redis user (``manage.py relay_workers_user``),
+    as a deployment does; ``None`` where the test's Redis is not reached over TCP."""
+    if not redis_url.startswith("redis://"):
+        yield None
+        return
+    username = f"medsplit-test-workers-{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    os.environ["MEDSPLIT_TEST_WORKERS_PASSWORD"] = password
+    try:
+        with override_settings(MEDSPLIT={**settings.MEDSPLIT, "REDIS_URL": redis_url}):
+            call_command(
+                "relay_workers_user",
+                "--username",
+                username,
+                "--password-env",
+                "MEDSPLIT_TEST_WORKERS_PASSWORD",
+                stdout=io.StringIO(),
+            )
+        parts = urlsplit(redis_url)
+        url = f"redis://{username}:{password}@{parts.hostname}:{parts.port or 6379}{parts.path}"
+        processes.env.update(REDIS_URL=url, MEDSPLIT_WORKER_REDIS_URL=url, CELERY_BROKER_URL=url)
+        yield username
+    finally:
+        os.environ.pop("MEDSPLIT_TEST_WORKERS_PASSWORD", None)
+        admin = redis.Redis.from_url(redis_url)
+        try:
+            admin.execute_command("ACL", "DELUSER", username)
+        finally:
+            admin.close()
 
 
 def free_port() -> int:

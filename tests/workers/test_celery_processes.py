@@ -20,7 +20,13 @@ from audit.models import AuditEvent
 from coordinator.actors import Actor
 from medsplit.training.verify import deterministic
 from tests.workers.hospitals import Hospitals, assert_exact, local_data
-from tests.workers.processes import Processes, RedisServer, processes, wait_until
+from tests.workers.processes import (
+    Processes,
+    RedisServer,
+    processes,
+    wait_until,
+    workers_relay_user,
+)
 from training import services
 from training.models import Job, Turn
 from training.states import JobState
@@ -43,6 +49,12 @@ def job_state(job: Job) -> str:
 def test_a_worker_killed_mid_turn_is_replaced_and_the_job_stays_exact(
     processes: Processes, redis_url: str, make_job, admin_actor: Actor
 ) -> None:
+    """The workers and beat also run as the workers' own Redis user here, as deployed."""
+    with workers_relay_user(redis_url, processes):
+        run_and_kill_a_worker(processes, redis_url, make_job, admin_actor)
+
+
+def run_and_kill_a_worker(processes: Processes, redis_url: str, make_job, admin_actor) -> None:
     workers = [processes.celery_worker("worker-1"), processes.celery_worker("worker-2")]
     processes.celery_beat()
     job = scheduled_job(make_job, admin_actor)

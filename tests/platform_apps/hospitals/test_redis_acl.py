@@ -8,6 +8,7 @@ older than 7.0 (key-permission selectors). Users are named ``hospital-test-...``
 from __future__ import annotations
 
 import hashlib
+import io
 import secrets
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 import pytest
 import redis
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from audit.models import AuditEvent
 from coordinator.actors import Actor
 from hospitals import services
 from hospitals.errors import RelayProvisioningFailed
@@ -380,3 +383,31 @@ def test_enrolment_creates_a_working_user_and_revocation_removes_it(admin: redis
     finally:
         admin.execute_command("ACL", "DELUSER", username)
         admin.delete(f"medsplit:1:{hospital.slug}:up")
+
+
+@pytest.mark.django_db
+def test_relay_workers_user_command_creates_the_workers_user_and_shows_its_url_once(
+    admin: redis.Redis, monkeypatch
+) -> None:
+    username = f"medsplit-test-workers-{uuid.uuid4().hex[:10]}"
+    out = io.StringIO()
+    try:
+        call_command("relay_workers_user", "--username", username, stdout=out)
+        url = out.getvalue().splitlines()[-1].strip()
+        assert url.startswith(f"redis://{username}:")
+        workers = redis.Redis.from_url(url, socket_timeout=2)
+        try:
+            assert workers.ping()
+            _denied(lambda: workers.execute_command("ACL", "LIST"))
+        finally:
+            workers.close()
+        assert AuditEvent.objects.filter(
+            action="relay.workers_user_provisioned", target=f"relay-user:{username}"
+        ).exists()
+        monkeypatch.setenv("SHORT_PASSWORD", "too-short")
+        with pytest.raises(CommandError, match="at least 16 characters"):
+            call_command(
+                "relay_workers_user", "--username", username, "--password-env", "SHORT_PASSWORD"
+            )
+    finally:
+        admin.execute_command("ACL", "DELUSER", username)
