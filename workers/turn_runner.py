@@ -112,7 +112,9 @@ def run(turn_id: int, *, runner: str) -> RunResult:
 
 
 def _failed(turn: Turn, runner: str, lease: float, error: Exception) -> RunResult:
-    if turn_directive(turn_id=turn.pk, runner=runner, lease_seconds=lease, renew=False) == "stop":
+    if turn_directive(turn_id=turn.pk, runner=runner, lease_seconds=lease, renew=False) == (
+        Directive.STOP
+    ):
         # Not ours any more (cancelled, or taken over): whoever holds it decides.
         logger.warning("turn %s ended on %s after it was taken away: %s", turn.pk, runner, error)
         return RunResult("stopped", turn.job_id)
@@ -142,7 +144,7 @@ class RunnerHooks:
         )
         if renew:
             self._renewed = time.monotonic()
-        return Directive(answer.value)
+        return answer
 
     def progress(self, progress: TurnProgress) -> None:
         if time.monotonic() - self._reported >= self.interval:

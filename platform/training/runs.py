@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from pathlib import Path
 
 from django.conf import settings
@@ -23,19 +22,12 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from coordinator.actors import Actor
+from medsplit.turns import Directive
 from training.models import Job, ServerCheckpoint, Turn
 from training.services import turn_finish
 from training.states import JobState
 
 logger = logging.getLogger(__name__)
-
-
-class Directive(StrEnum):
-    """What a runner is told before each step (mirrors ``medsplit.turns.Directive``)."""
-
-    RUN = "run"
-    PAUSE = "pause"
-    STOP = "stop"
 
 
 @dataclass(frozen=True)
