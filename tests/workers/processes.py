@@ -170,6 +170,7 @@ def processes(tmp_path: Path, redis_url: str, settings) -> Iterator[Processes]:
     try:  # the queue's keys on a shared Redis
         for key in client.scan_iter(match=f"{queue}*"):
             client.delete(key)
+        client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
     except redis.RedisError:
         pass  # a test's own Redis may be gone already
     finally:
