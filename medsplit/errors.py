@@ -47,3 +47,7 @@ class DataError(MedSplitError, ValueError):
 
 class ConfigError(MedSplitError, ValueError):
     """A training configuration value is invalid."""
+
+
+class SealError(MedSplitError, ValueError):
+    """A sealed hand-off cannot be made or opened (not a blob, replayed, altered, wrong keys)."""

@@ -1,7 +1,14 @@
 """Channels that carry encoded frames between parties."""
 
-from medsplit.channel.base import Channel, StreamPair
+from medsplit.channel.base import HANDOFF_PREFIX, Channel, StreamPair, handoff_key
 from medsplit.channel.memory import InMemoryChannel
 from medsplit.channel.redis import RedisChannel
 
-__all__ = ["Channel", "InMemoryChannel", "RedisChannel", "StreamPair"]
+__all__ = [
+    "HANDOFF_PREFIX",
+    "Channel",
+    "InMemoryChannel",
+    "RedisChannel",
+    "StreamPair",
+    "handoff_key",
+]

@@ -19,6 +19,15 @@ class StreamPair:
         return cls(up=f"medsplit:{job}:{hospital}:up", down=f"medsplit:{job}:{hospital}:down")
 
 
+HANDOFF_PREFIX = "medsplit-handoff"
+
+
+def handoff_key(*, job: str, sender: str, recipient: str) -> str:
+    """The relay key of the sealed hand-off of ``job`` from hospital ``sender`` to
+    ``recipient`` (the recipient first: the relay's access rules are anchored on it)."""
+    return f"{HANDOFF_PREFIX}:to:{recipient}:from:{sender}:job:{job}"
+
+
 class Channel(ABC):
     """Moves opaque frame bytes along named, ordered streams.
 

@@ -58,6 +58,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from hospitals.errors import RelayProvisioningFailed
+from medsplit.channel.base import HANDOFF_PREFIX, handoff_key  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +127,6 @@ def get_provisioner() -> RedisAclProvisioner:
 
 # -- the real provisioner ---------------------------------------------------------------
 
-HANDOFF_PREFIX = "medsplit-handoff"
-
 #: Commands an agent's user may run (``-@all`` first). ``xinfo|stream`` is the
 #: subcommand form ACL rules take.
 AGENT_COMMANDS = (
@@ -160,11 +159,6 @@ WORKER_KEY_PATTERNS = ("medsplit:*", f"{HANDOFF_PREFIX}:*", "celery*", "_kombu*"
 _HOSPITAL_USERNAME = re.compile(r"^hospital-([a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?)$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_PATTERN = re.compile(r"^[A-Za-z0-9:*_.-]+$")
-
-
-def handoff_key(*, job: str, sender: str, recipient: str) -> str:
-    """The key of the hand-off of ``job`` from hospital ``sender`` to ``recipient``."""
-    return f"{HANDOFF_PREFIX}:to:{recipient}:from:{sender}:job:{job}"
 
 
 def handoff_rules(slug: str) -> list[str]:

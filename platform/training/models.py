@@ -239,16 +239,18 @@ class MetricPoint(models.Model):
 
 
 class HandOff(models.Model):
-    """Metadata of the front's weights handed from one hospital to the next after a turn.
+    """Metadata of the weights a hospital handed on after a turn, to one recipient.
 
-    Only the size and the SHA-256 of the ciphertext are kept. The weights are encrypted
-    by the sender for the recipient's key (X25519 + AES-GCM) and travel through the
-    relay; neither the ciphertext nor anything in clear is ever stored here. The hash
-    lets the recipient and an auditor check that what arrived is what was sent.
+    After each completed turn the hospital seals its weights for every other participant
+    (X25519 + AES-GCM, one blob each), so whoever takes the next turn, even after a
+    skipped hospital, and every participant at the end of the job, can read them. Only
+    the size and the SHA-256 of each ciphertext are kept; the blobs travel through the
+    relay and neither they nor anything in clear is ever stored here. The hash lets the
+    recipient and an auditor check that what arrived is what was sent.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="handoffs")
-    turn = models.OneToOneField(Turn, on_delete=models.CASCADE, related_name="handoff")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="handoffs")
     sender = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
     recipient = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
     ciphertext_sha256 = models.CharField(max_length=64)
@@ -257,6 +259,9 @@ class HandOff(models.Model):
 
     class Meta:
         ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["turn", "recipient"], name="handoff_once_per_recipient")
+        ]
 
 
 class ServerCheckpoint(models.Model):

@@ -8,18 +8,19 @@ only its own assignments (:func:`agent_assignments`); the job endpoints are for 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet, Sum
+from django.db.models import Prefetch, Q, QuerySet, Sum
+from django.utils import timezone
 
 from accounts.permissions import require_agent, require_person, require_person_with_role
 from coordinator.actors import Actor, ActorKind, Role
 from coordinator.errors import InvalidInput, NotFound
 from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
-from training.models import Job, JobParticipant, MetricPoint, Turn
-from training.states import ASSIGNED
+from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import model_cut_table, parse_input_shape
 
 
@@ -162,20 +163,49 @@ def job_metrics(
     return points.order_by("time", "id")
 
 
-def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
-    """The scheduled or running jobs the acting agent's hospital takes part in.
+#: How long a finished job stays among its participants' assignments: they fetch the
+#: final weights meanwhile.
+FINISHED_ASSIGNMENT_DAYS = 7
 
-    Each job carries ``my_participation`` (its place in the order) and ``my_turns``
-    (its turns, latest last).
+
+def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
+    """The jobs the acting agent's hospital takes part in: scheduled, running or paused,
+    and those that ended in the last :data:`FINISHED_ASSIGNMENT_DAYS` days.
+
+    Each job carries ``my_participation`` (its place in the order), ``my_turns`` (its
+    turns, latest last), ``all_participants`` (with their hospitals), ``completed_turns``
+    (the job's, in order) and ``handoffs_to_me``.
 
     Raises:
         PermissionDenied: the actor is not a hospital's agent.
     """
     require_agent(actor, "read assignments")
     hospital = actor.hospital
+    recent = timezone.now() - timedelta(days=FINISHED_ASSIGNMENT_DAYS)
     return (
-        Job.objects.filter(participants__hospital=hospital, state__in=list(ASSIGNED))
+        Job.objects.filter(participants__hospital=hospital)
+        .filter(
+            Q(state__in=[*ASSIGNED, JobState.PAUSED])
+            | Q(state__in=list(TERMINAL), finished_at__gte=recent)
+        )
         .prefetch_related(
+            Prefetch(
+                "participants",
+                queryset=JobParticipant.objects.select_related("hospital").order_by("position"),
+                to_attr="all_participants",
+            ),
+            Prefetch(
+                "turns",
+                queryset=Turn.objects.filter(status=Turn.Status.COMPLETED)
+                .select_related("hospital", "round")
+                .order_by("round__index", "position"),
+                to_attr="completed_turns",
+            ),
+            Prefetch(
+                "handoffs",
+                queryset=HandOff.objects.filter(recipient=hospital),
+                to_attr="handoffs_to_me",
+            ),
             Prefetch(
                 "participants",
                 queryset=JobParticipant.objects.filter(hospital=hospital),

@@ -578,7 +578,7 @@ def handoff_record(
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=turn.job_id)
         locked = Turn.objects.select_for_update().get(pk=turn.pk)
-        existing = HandOff.objects.filter(turn=locked).first()
+        existing = HandOff.objects.filter(turn=locked, recipient=recipient).first()
         if existing is not None:
             same = (existing.ciphertext_sha256, existing.size_bytes, existing.recipient_id) == (
                 ciphertext_sha256,
@@ -588,7 +588,8 @@ def handoff_record(
             if same:
                 return existing
             raise Conflict(
-                f"turn {locked.pk} was already handed off with another ciphertext",
+                f"turn {locked.pk} was already handed off to {recipient.slug!r} with another "
+                "ciphertext",
                 details={"ciphertext_sha256": existing.ciphertext_sha256},
             )
         if locked.status not in (Turn.Status.RUNNING, Turn.Status.COMPLETED):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from training.models import Job, JobParticipant, MetricPoint, Turn
+from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 
 
 class ParticipantSerializer(serializers.ModelSerializer):
@@ -138,8 +138,37 @@ class AssignmentTurnSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class HandoffSerializer(serializers.ModelSerializer):
+    sender = serializers.CharField(source="sender.slug", read_only=True)
+    recipient = serializers.CharField(source="recipient.slug", read_only=True)
+
+    class Meta:
+        model = HandOff
+        fields = ["id", "job", "turn", "sender", "recipient", "ciphertext_sha256", "size_bytes"]
+        read_only_fields = fields
+
+
+class AssignmentParticipantSerializer(serializers.Serializer):
+    hospital = serializers.CharField(source="hospital.slug")
+    position = serializers.IntegerField()
+    public_key = serializers.CharField(
+        source="hospital.public_key", help_text="its X25519 key (base64): seal hand-offs for it"
+    )
+
+
+class HandoffSourceSerializer(serializers.Serializer):
+    hospital = serializers.CharField(help_text="who sealed the weights to start from")
+    public_key = serializers.CharField()
+    round = serializers.IntegerField(help_text="the round of that turn (bound into the seal)")
+    turn = serializers.IntegerField()
+    ciphertext_sha256 = serializers.CharField(
+        allow_null=True, help_text="of the blob sealed for the caller, once recorded"
+    )
+
+
 class AssignmentSerializer(serializers.ModelSerializer):
-    """What an agent needs to take part: the training config, its place, its turns."""
+    """What an agent needs to take part: the training config, its place, its turns, the
+    other participants' public keys, and whose sealed weights to start from."""
 
     job = serializers.IntegerField(source="pk", read_only=True)
     model = serializers.CharField(source="model_name", read_only=True)
@@ -148,6 +177,14 @@ class AssignmentSerializer(serializers.ModelSerializer):
     participant_count = serializers.SerializerMethodField()
     turn = serializers.SerializerMethodField(help_text="its latest turn, or null before any")
     turns = AssignmentTurnSerializer(source="my_turns", many=True, read_only=True)
+    participants = AssignmentParticipantSerializer(
+        source="all_participants", many=True, read_only=True
+    )
+    handoff_from = serializers.SerializerMethodField(
+        help_text="the last completed turn's hospital, whose sealed weights the next turn "
+        "(and, once the job ended, every participant) starts from; null: start from the "
+        "job's seed"
+    )
 
     class Meta:
         model = Job
@@ -174,6 +211,9 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "current_round",
             "turn",
             "turns",
+            "participants",
+            "handoff_from",
+            "state_reason",
         ]
         read_only_fields = fields
 
@@ -184,7 +224,21 @@ class AssignmentSerializer(serializers.ModelSerializer):
         return job.my_participation[0].feature_set
 
     def get_participant_count(self, job: Job) -> int:
-        return job.participants.count()
+        return len(job.all_participants)
+
+    @extend_schema_field(HandoffSourceSerializer(allow_null=True))
+    def get_handoff_from(self, job: Job) -> dict | None:
+        if not job.completed_turns:
+            return None
+        last = job.completed_turns[-1]
+        sealed = next((h for h in job.handoffs_to_me if h.turn_id == last.pk), None)
+        return {
+            "hospital": last.hospital.slug,
+            "public_key": last.hospital.public_key,
+            "round": last.round.index,
+            "turn": last.pk,
+            "ciphertext_sha256": sealed.ciphertext_sha256 if sealed else None,
+        }
 
     @extend_schema_field(AssignmentTurnSerializer(allow_null=True))
     def get_turn(self, job: Job) -> dict | None:

@@ -39,4 +39,14 @@ urlpatterns = [
         views.AgentAssignmentDetailView.as_view(),
         name="agent-assignment",
     ),
+    path(
+        "agent/assignments/<int:job_id>/handoffs/",
+        views.AgentHandoffView.as_view(),
+        name="agent-handoffs",
+    ),
+    path(
+        "agent/assignments/<int:job_id>/problems/",
+        views.AgentProblemView.as_view(),
+        name="agent-problems",
+    ),
 ]

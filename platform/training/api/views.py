@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from datetime import datetime
 
 from django.utils.dateparse import parse_datetime
@@ -12,13 +15,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import require_agent
 from coordinator.actors import Actor, actor_from_request
+from coordinator.api.strict import StrictCharField, StrictIntegerField, StrictSerializer
 from coordinator.errors import InvalidInput
-from training import selectors, services
+from training import agent_services, selectors, services
 from training.api.filters import JobFilter
 from training.api.serializers import (
     AssignmentSerializer,
     CutTableSerializer,
+    HandoffSerializer,
     JobSerializer,
     JobStatusSerializer,
     MetricPointSerializer,
@@ -219,15 +225,117 @@ def transition_view(target: JobState, summary: str):
     return extend_schema(summary=summary)(view).as_view()
 
 
+MAX_WAIT_SECONDS = 30.0
+_POLL_SECONDS = 0.5
+
+
 @extend_schema(tags=["agent"])
 class AgentAssignmentListView(APIView):
     @extend_schema(
-        summary="The calling agent's scheduled and running jobs, with its turns",
+        summary="The calling agent's jobs (scheduled, running, paused, recently ended), "
+        "with its turns; long-polls with ?wait=&etag=",
+        parameters=[
+            OpenApiParameter(
+                "wait",
+                OpenApiTypes.FLOAT,
+                description=f"seconds (at most {MAX_WAIT_SECONDS:g}) to hold the answer "
+                "while it still matches `etag`",
+            ),
+            OpenApiParameter(
+                "etag", OpenApiTypes.STR, description="the ETag of the answer already held"
+            ),
+        ],
         responses=AssignmentSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        jobs = selectors.agent_assignments(actor=_actor(request))
-        return Response(AssignmentSerializer(jobs, many=True).data)
+        actor = _actor(request)
+        wait = _wait_seconds(request)
+        known = request.query_params.get("etag", "")
+        deadline = time.monotonic() + wait
+        while True:
+            data = AssignmentSerializer(selectors.agent_assignments(actor=actor), many=True).data
+            etag = hashlib.sha256(
+                json.dumps(data, sort_keys=True, default=str).encode()
+            ).hexdigest()[:32]
+            if etag != known or time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_SECONDS)
+        response = Response(data)
+        response["ETag"] = etag
+        return response
+
+
+def _wait_seconds(request: Request) -> float:
+    text = request.query_params.get("wait", "0")
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT_SECONDS:
+        raise InvalidInput(
+            "wait must be a number of seconds",
+            details={"wait": [f"between 0 and {MAX_WAIT_SECONDS:g}, got {text!r}"]},
+        )
+    return wait
+
+
+class HandoffInputSerializer(StrictSerializer):
+    turn = StrictIntegerField(min_value=1)
+    recipient = StrictCharField(max_length=64)
+    ciphertext_sha256 = StrictCharField(min_length=64, max_length=64)
+    size_bytes = StrictIntegerField(min_value=1)
+
+
+class ProblemInputSerializer(StrictSerializer):
+    turn = StrictIntegerField(min_value=1)
+    reason = StrictCharField(max_length=2000)
+
+
+@extend_schema(tags=["agent"])
+class AgentHandoffView(APIView):
+    @extend_schema(
+        summary="Record the hash and size of the weights the agent sealed for a recipient "
+        "after its turn (never the blob)",
+        request=HandoffInputSerializer,
+        responses={201: HandoffSerializer},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "record a hand-off")
+        data = _valid(HandoffInputSerializer, request)
+        handoff = agent_services.agent_handoff_record(
+            actor=actor,
+            job_id=job_id,
+            turn_id=data["turn"],
+            recipient=data["recipient"],
+            ciphertext_sha256=data["ciphertext_sha256"],
+            size_bytes=data["size_bytes"],
+        )
+        return Response(HandoffSerializer(handoff).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["agent"])
+class AgentProblemView(APIView):
+    @extend_schema(
+        summary="Give up the agent's running turn: its data cannot be used (the reason "
+        "names files, never data); the job's failure policy applies",
+        request=ProblemInputSerializer,
+        responses={200: TurnSerializer},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "report a problem")
+        data = _valid(ProblemInputSerializer, request)
+        turn = agent_services.agent_problem_report(
+            actor=actor, job_id=job_id, turn_id=data["turn"], reason=data["reason"]
+        )
+        return Response(TurnSerializer(turn).data)
+
+
+def _valid(serializer_class: type, request: Request) -> dict:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
 
 
 @extend_schema(tags=["agent"])

@@ -1,0 +1,100 @@
+"""What a hospital's agent reports about its own turns: the hand-offs it sealed, and a
+failed precondition (its data cannot be used) that ends its turn before training.
+
+Each checks that the turn is the calling agent's own, then calls
+:mod:`training.services`; the agent's report is audited under the agent's name.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from accounts.permissions import require_agent
+from audit.services import audit_record
+from coordinator.actors import Actor
+from coordinator.errors import Conflict, InvalidInput, NotFound
+from hospitals.models import Hospital
+from training.dispatch import job_changed_on_commit
+from training.models import HandOff, Turn
+from training.services import handoff_record, turn_fail
+
+_MAX_REASON = 2000
+
+
+def _own_turn(actor: Actor, job_id: int, turn_id: int) -> Turn:
+    turn = Turn.objects.select_related("hospital").filter(pk=turn_id, job_id=job_id).first()
+    if turn is None or turn.hospital_id != actor.hospital.pk:
+        raise NotFound(f"no turn {turn_id} of yours in job {job_id}")
+    return turn
+
+
+def agent_handoff_record(
+    *,
+    actor: Actor,
+    job_id: int,
+    turn_id: int,
+    recipient: str,
+    ciphertext_sha256: str,
+    size_bytes: int,
+) -> HandOff:
+    """Record that the calling agent sealed its weights after ``turn_id`` for ``recipient``.
+
+    Raises:
+        PermissionDenied: not an agent.
+        NotFound: the turn is not this agent's.
+        InvalidInput: unknown recipient, bad hash or size (see ``handoff_record``).
+        Conflict: the turn is not running or completed, or another blob was recorded.
+    """
+    require_agent(actor, "record a hand-off")
+    turn = _own_turn(actor, job_id, turn_id)
+    target = Hospital.objects.filter(slug=recipient).first()
+    if target is None:
+        raise InvalidInput(
+            "the hand-off record is not valid",
+            details={"recipient": [f"no hospital {recipient!r}"]},
+        )
+    return handoff_record(
+        turn=turn,
+        sender=actor.hospital,
+        recipient=target,
+        ciphertext_sha256=ciphertext_sha256,
+        size_bytes=size_bytes,
+    )
+
+
+def agent_problem_report(*, actor: Actor, job_id: int, turn_id: int, reason: str) -> Turn:
+    """The agent cannot take its running turn (bad data, a model that does not fit): the
+    turn fails with the agent's reason and the job's policy applies.
+
+    The reason is the agent's own words: it names files, never pixel data.
+
+    Raises:
+        PermissionDenied: not an agent.
+        NotFound: the turn is not this agent's.
+        InvalidInput: an empty reason.
+        Conflict: the turn is not running.
+    """
+    require_agent(actor, "report a problem")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("say what the problem is", details={"reason": ["must not be empty"]})
+    turn = _own_turn(actor, job_id, turn_id)
+    reason = reason.strip()[:_MAX_REASON]
+    with transaction.atomic():
+        if turn.status != Turn.Status.RUNNING:
+            raise Conflict(
+                f"turn {turn.pk} is {turn.status}; only a running turn can be given up",
+                details={"status": turn.status},
+            )
+        failed = turn_fail(
+            turn=turn, reason=f"{actor.hospital.slug} reported a failed precondition: {reason}"
+        )
+        audit_record(
+            actor=actor,
+            action="turn.problem_reported",
+            target=f"turn:{turn.pk}",
+            hospital=actor.hospital.slug,
+            job_id=job_id,
+            details={"reason": reason},
+        )
+        job_changed_on_commit(job_id)
+    return failed
