@@ -1,0 +1,1 @@
+"""The service each hospital runs: enrolment, assignments, local data and its segments."""

@@ -1,0 +1,44 @@
+"""A hospital's local data: read it, check it, split it locally, fit it to a job.
+
+Typical use by the agent::
+
+    source = DataSource(kind="folder", path="/data/xrays")
+    summary = check_data(source, input_shape=(1, 64, 64), num_classes=2)  # before a turn
+    data, summary = load_local(source, input_shape=(1, 64, 64), num_classes=2)
+    data = prepare(data, input_shape=(1, 64, 64), num_classes=2)
+    train = augment(data.train, job_augment, epoch=epoch)  # per epoch; off by default
+
+Only ``summary.to_json()`` leaves the hospital (the heartbeat's ``dataset_summary``).
+"""
+
+from hospital_agent.data.local import (
+    DEFAULT_VAL_FRACTION,
+    DataSummary,
+    LocalData,
+    check_data,
+    load_local,
+    split_local,
+    summary,
+)
+from hospital_agent.data.problems import MAX_PROBLEMS, DataProblem, Problem
+from hospital_agent.data.sources import DataSource, load_source, read_image
+from hospital_agent.data.transforms import AugmentConfig, augment, prepare
+
+__all__ = [
+    "DEFAULT_VAL_FRACTION",
+    "MAX_PROBLEMS",
+    "AugmentConfig",
+    "DataProblem",
+    "DataSource",
+    "DataSummary",
+    "LocalData",
+    "Problem",
+    "augment",
+    "check_data",
+    "load_local",
+    "load_source",
+    "prepare",
+    "read_image",
+    "split_local",
+    "summary",
+]

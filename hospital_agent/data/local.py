@@ -1,0 +1,154 @@
+"""The hospital's own train/validation split, its summary, and the check before a turn.
+
+The validation part never leaves the hospital; only its size does, in the summary the
+agent sends with each heartbeat.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from hospital_agent.data.sources import DataSource, read_source
+from medsplit.data import Split, label_counts
+from medsplit.errors import ConfigError
+
+DEFAULT_VAL_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class LocalData:
+    """The hospital's pool, split into what it trains on and what it validates on."""
+
+    train: Split
+    val: Split
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """Sizes only, never data: what the coordinator's heartbeat accepts.
+
+    Attributes:
+        image_shape: one image's shape as loaded (before resizing), channels first.
+        label_counts: items per label over train and val, e.g. ``{"0": 120, "1": 300}``.
+        split_sizes: ``{"train": n, "val": m}``.
+    """
+
+    image_shape: list[int]
+    label_counts: dict[str, int]
+    split_sizes: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        """The heartbeat's ``dataset_summary`` (plain lists, dicts and ints)."""
+        return asdict(self)
+
+
+def split_local(
+    split: Split, *, val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0
+) -> LocalData:
+    """Split the pool into train and validation, stratified by label, deterministically.
+
+    Each label's items are shuffled with a generator seeded by ``seed`` (the global RNG
+    is unused) and ``round(count * val_fraction)`` of them go to validation, but at least
+    one item of each label stays in train. Both parts keep the pool's order.
+
+    Raises:
+        ConfigError: ``val_fraction`` is not in [0, 1) or ``seed`` is not an integer >= 0.
+    """
+    if (
+        not isinstance(val_fraction, int | float)
+        or isinstance(val_fraction, bool)
+        or not 0 <= val_fraction < 1
+    ):
+        raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+    generator = torch.Generator().manual_seed(seed)
+    in_val = torch.zeros(len(split), dtype=torch.bool)
+    for label in sorted(label_counts(split)):
+        members = torch.nonzero(split.labels == label).flatten()
+        take = min(math.floor(len(members) * val_fraction + 0.5), len(members) - 1)
+        if take > 0:
+            chosen = members[torch.randperm(len(members), generator=generator)[:take]]
+            in_val[chosen] = True
+    train, val = (~in_val).nonzero().flatten(), in_val.nonzero().flatten()
+    return LocalData(
+        train=Split(split.images[train], split.labels[train]),
+        val=Split(split.images[val], split.labels[val]),
+    )
+
+
+def summary(data: LocalData, *, image_shape: Sequence[int] | None = None) -> DataSummary:
+    """Summarise ``data`` for the heartbeat.
+
+    Args:
+        data: the split as loaded; call this before :func:`prepare` resizes it, or give
+            ``image_shape``.
+        image_shape: one image's shape as loaded; defaults to the train images' shape.
+    """
+    shape = list(image_shape) if image_shape is not None else list(data.train.images.shape[1:])
+    pool = Split(
+        torch.cat([data.train.images, data.val.images]),
+        torch.cat([data.train.labels, data.val.labels]),
+    )
+    return DataSummary(
+        image_shape=[int(s) for s in shape],
+        label_counts={str(k): v for k, v in label_counts(pool).items()},
+        split_sizes={"train": len(data.train), "val": len(data.val)},
+    )
+
+
+def load_local(
+    source: DataSource,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    num_classes: int | None = None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    seed: int = 0,
+) -> tuple[LocalData, DataSummary]:
+    """Read ``source``, check it against the job, split it, and summarise it.
+
+    Raises:
+        DataProblem: as :func:`check_data`.
+        ConfigError: a malformed argument.
+    """
+    loaded = read_source(source, input_shape=input_shape, num_classes=num_classes)
+    data = split_local(loaded.split, val_fraction=val_fraction, seed=seed)
+    return data, summary(data, image_shape=loaded.image_shape)
+
+
+def check_data(
+    source: DataSource,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    num_classes: int | None = None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    seed: int = 0,
+) -> DataSummary:
+    """Read everything once, before a turn, and report every problem together.
+
+    Catches: a missing archive, folder, labels CSV or listed image; an unreadable or
+    corrupt image or CSV; a malformed CSV (header, columns, non-integer label, names
+    outside the folder, duplicates); a label outside ``0..num_classes-1``; images whose
+    shapes differ (unless ``input_shape`` is given to resize them) or whose channels or
+    dimensions differ from each other or from ``input_shape``; non-finite pixels; an
+    empty dataset. Messages name the file (and CSV row) and never hold pixel values.
+
+    Returns:
+        The summary the agent reports in its heartbeat.
+
+    Raises:
+        DataProblem: up to :data:`~hospital_agent.data.problems.MAX_PROBLEMS` problems.
+        ConfigError: a malformed argument.
+    """
+    return load_local(
+        source,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        val_fraction=val_fraction,
+        seed=seed,
+    )[1]
