@@ -153,7 +153,7 @@ class RunnerHooks:
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         self._record(progress, final=True)
         try:
-            turn_complete(turn=self.turn, metrics=dict(metrics))
+            turn_complete(turn=self.turn, metrics=dict(metrics), crossed=progress.crossed)
         except Conflict as e:
             raise TurnFailed(f"the coordinator refused to finish the turn: {e}") from e
 

@@ -44,10 +44,14 @@ class Party:
         self.optimizer.zero_grad(set_to_none=True)
 
     def export_state(self, prefix: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """Training state as tensors and string metadata, every key under ``prefix``."""
+        """Training state as tensors and string metadata, every key under ``prefix``.
+
+        Tensors come back on the CPU (safetensors stores CPU tensors), wherever the party
+        trains; importing moves them to the party's device again.
+        """
         names = self._param_names()
         tensors = {
-            f"{prefix}{_WEIGHT}{k}": v.detach().contiguous()
+            f"{prefix}{_WEIGHT}{k}": v.detach().to("cpu").contiguous()
             for k, v in self.module.state_dict().items()
         }
         optim_state = self.optimizer.state_dict()
@@ -55,7 +59,9 @@ class Party:
         for index, state in optim_state["state"].items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
-                    tensors[f"{prefix}{_OPTIM}{names[index]}/{key}"] = value.detach().contiguous()
+                    tensors[f"{prefix}{_OPTIM}{names[index]}/{key}"] = (
+                        value.detach().to("cpu").contiguous()
+                    )
                 else:
                     scalars.setdefault(names[index], {})[key] = value
         groups = [

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -48,12 +50,14 @@ from medsplit.wire import (
 logger = logging.getLogger(__name__)
 
 StepCallback = Callable[[StepResult], None]
+_STOP_POLL_SECONDS = 1.0
 
 
 class ClientOutcome(StrEnum):
     COMPLETED = "completed"
     PAUSED = "paused"  # run again to continue when the job resumes
     STOPPED = "stopped"  # the turn is over without completing (cancelled, taken away)
+    INTERRUPTED = "interrupted"  # this side was asked to stop; run again to continue
 
 
 class ServerSilent(MedSplitError):
@@ -87,6 +91,10 @@ class TurnClient:
         train, val: local data; neither ever leaves this process.
         snapshots: where this turn's snapshots live (kept across runs of the turn).
         reply_timeout: seconds without a frame from the server before giving up.
+        stop: when set, the run ends after the step in flight, with a snapshot to come
+            back to (:attr:`ClientOutcome.INTERRUPTED`): a clean shutdown.
+        device: where the hospital's segments run (``cpu`` or ``cuda``); frames cross
+            as CPU tensors either way.
     """
 
     def __init__(
@@ -106,6 +114,8 @@ class TurnClient:
         loss_fn: LossFn | None = None,
         on_step: StepCallback | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        stop: threading.Event | None = None,
+        device: str = "cpu",
     ) -> None:
         self.ids = ids
         self.channel = channel
@@ -120,6 +130,8 @@ class TurnClient:
         self.loss_fn = loss_fn
         self.on_step = on_step
         self.max_frame_bytes = max_frame_bytes
+        self.stop = stop or threading.Event()
+        self.device = torch.device(device)
         if 0 not in snapshots.steps():
             snapshots.save(0, start)
         self.train_steps = turn_length(config, len(train))
@@ -159,7 +171,11 @@ class TurnClient:
         running = False
         self._send(control.rejoin(self.ids, control.HELLO, self.snapshots.steps()), report)
         while True:
+            if self._stopping():
+                return self._interrupted(report)
             frame = self._receive(report)
+            if frame is None:
+                return self._interrupted(report)
             kind = frame.meta.kind
             if kind == FrameKind.SYNC:
                 _check(frame, control.SYNC_SPEC)
@@ -188,6 +204,18 @@ class TurnClient:
             if outgoing is not None:
                 self._send(outgoing, report)
 
+    def _stopping(self) -> bool:
+        """Asked to stop, and no step is half done (a step in flight is finished first)."""
+        return self.stop.is_set() and not self._in_step
+
+    def _interrupted(self, report: ClientReport) -> ClientReport:
+        if self.role is not None and self.position <= self.train_steps:
+            self.snapshots.save(self.position, self.state())  # nothing of it applied yet
+        report.outcome = ClientOutcome.INTERRUPTED
+        report.steps = min(self.position, self.train_steps)
+        logger.info("turn %s interrupted before step %d", self.ids.position, self.position)
+        return report
+
     def _ended(self, kind: FrameKind, step: int, report: ClientReport) -> ClientReport:
         report.steps = min(self.position, self.train_steps)
         if kind == FrameKind.DONE:
@@ -205,6 +233,8 @@ class TurnClient:
 
     def _restore(self, step: int) -> None:
         self.parties = self.make_parties()
+        for party in self.parties.values():
+            party.module.to(self.device)  # in place: the optimizer keeps its parameters
         import_parties(self.snapshots.load(step), self.parties)
         self.role = make_client(
             self.ids.mode, self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
@@ -226,9 +256,10 @@ class TurnClient:
         if self.position < self.train_steps:
             batch = next(self._batches)
             self._in_step = True
-            return self.role.start(batch.ids, batch.x, batch.y)
+            return self.role.start(batch.ids, batch.x.to(self.device), batch.y.to(self.device))
         if self.position < self.metrics_step:
             x, _ = self._val_batch(self.position - self.train_steps)
+            x = x.to(self.device)
             with eval_mode([self.parties["front"].module]), torch.no_grad():
                 out = self.parties["front"].module(x)
             return self.ids.frame(FrameKind.EVAL_ACTIVATIONS, self.position, out)
@@ -239,13 +270,13 @@ class TurnClient:
         if frame.meta.kind == FrameKind.EVAL_OUTPUTS:
             if not self.train_steps <= self.position < self.metrics_step:
                 raise ProtocolError(f"validation output for step {self.position} is out of place")
-            self._eval_logits[self.position] = self._logits(frame)
+            self._eval_logits[self.position] = self._logits(frame).cpu()
             self.position += 1
             return self._next_frame()
         if not self._in_step:
             raise ProtocolError(f"a {frame.meta.kind} frame came with no step in flight")
         _check(frame, self.role.expect())
-        result = self.role.receive(frame)
+        result = self.role.receive(self._on_device(frame))
         if isinstance(result, Frame):
             return result
         self._in_step = False
@@ -255,7 +286,14 @@ class TurnClient:
         self.position += 1
         if self.position % self.checkpoint_every == 0 or self.position == self.train_steps:
             self.snapshots.save(self.position, self.state())
+        if self.stop.is_set():
+            return None  # the run loop ends here, with a snapshot before the next step
         return self._next_frame()
+
+    def _on_device(self, frame: Frame) -> Frame:
+        if self.device.type == "cpu":
+            return frame
+        return Frame(frame.meta, {k: t.to(self.device) for k, t in frame.tensors.items()})
 
     def _logits(self, frame: Frame) -> torch.Tensor:
         if self.ids.mode == Mode.VANILLA:
@@ -271,7 +309,7 @@ class TurnClient:
         _check(frame, spec)
         head = self.parties["head"].module
         with eval_mode([head]), torch.no_grad():
-            return head(**dict(frame.tensors))
+            return head(**dict(self._on_device(frame).tensors)).cpu()
 
     def _val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.val is not None
@@ -292,15 +330,25 @@ class TurnClient:
 
     # -- frames -------------------------------------------------------------------------
 
-    def _receive(self, report: ClientReport) -> Frame:
+    def _receive(self, report: ClientReport) -> Frame | None:
+        """The next frame of this turn from the server; ``None`` when asked to stop while
+        no step is in flight."""
+        deadline = time.monotonic() + self.reply_timeout
         while True:
-            try:
-                payload = self.channel.receive(self.streams.down, timeout=self.reply_timeout)
-            except ChannelTimeout as e:
+            if self._stopping():
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise ServerSilent(
                     f"the server sent nothing for {self.reply_timeout:g} s during turn "
                     f"{self.ids.position} of round {self.ids.round}"
-                ) from e
+                )
+            try:
+                payload = self.channel.receive(
+                    self.streams.down, timeout=min(remaining, _STOP_POLL_SECONDS)
+                )
+            except ChannelTimeout:
+                continue
             report.bytes_down += len(payload)
             try:
                 frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
@@ -309,6 +357,7 @@ class TurnClient:
             if self.ids.owns(frame):
                 return frame
             logger.info("dropped a frame of another turn (%s)", frame.meta)
+            deadline = time.monotonic() + self.reply_timeout
 
     def _send(self, frame: Frame, report: ClientReport) -> None:
         payload = encode_frame(frame, max_bytes=self.max_frame_bytes)

@@ -94,6 +94,15 @@ class TurnProgress:
     bytes_down: int = 0
     loss: float | None = None
     checkpoints: list[int] = field(default_factory=list)
+    #: What crossed, as names and dtypes only: {"up"|"down": {kind: {tensor: dtype}}}.
+    crossed: dict[str, dict[str, dict[str, str]]] = field(
+        default_factory=lambda: {"up": {}, "down": {}}
+    )
+
+    def saw(self, direction: str, frame: Frame) -> None:
+        kinds = self.crossed[direction].setdefault(frame.meta.kind.value, {})
+        for name, tensor in frame.tensors.items():
+            kinds.setdefault(name, str(tensor.dtype).removeprefix("torch."))
 
 
 class TurnHooks(Protocol):
@@ -409,6 +418,7 @@ class TurnServer:
             except FrameError as e:
                 raise TurnFailed(f"hospital sent bytes that are not a frame: {e}") from e
             if self.ids.owns(frame):
+                self.progress.saw("up", frame)
                 return frame
             self._drop(frame, "it belongs to another turn")
             silent_since = time.monotonic()
@@ -416,6 +426,7 @@ class TurnServer:
     def _send(self, frame: Frame) -> None:
         payload = encode_frame(frame, max_bytes=self.max_frame_bytes)
         self.channel.send(self.streams.down, payload)
+        self.progress.saw("down", frame)
         self.progress.bytes_down += len(payload)
 
     def _drop(self, frame: Frame, why: str) -> None:

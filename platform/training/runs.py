@@ -164,12 +164,12 @@ def checkpoint_record(
     return checkpoint
 
 
-def turn_complete(*, turn: Turn, metrics: dict[str, float]) -> Turn:
+def turn_complete(*, turn: Turn, metrics: dict[str, float], crossed: dict | None = None) -> Turn:
     """Finish the turn (:func:`training.services.turn_finish`) and make its last
     checkpoint the job's server state, which the next turn starts from; drop the rest."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=turn.job_id)
-        finished = turn_finish(turn=turn, metrics=metrics)
+        finished = turn_finish(turn=turn, metrics=metrics, crossed=crossed)
         round_index = finished.round.index
         latest = (
             checkpoints_of_place(job_id=job.pk, round_index=round_index, position=finished.position)

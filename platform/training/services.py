@@ -408,11 +408,16 @@ def _metric_point_maybe(*, turn: Turn, at: datetime, final: bool) -> MetricPoint
     )
 
 
-def turn_finish(*, turn: Turn, metrics: Mapping[str, float]) -> Turn:
+def turn_finish(
+    *, turn: Turn, metrics: Mapping[str, float], crossed: Mapping[str, Any] | None = None
+) -> Turn:
     """Mark a running turn completed with its validation metrics.
 
     The turn's last progress is stored as a final metric point if the rate bound had
     held it back. The next turn is started by :func:`turn_start_next`, not here.
+
+    ``crossed`` (names and dtypes of the tensors that crossed, by direction and frame
+    kind; never values) goes into the audit log with the turn's counters.
 
     Idempotent: finishing a completed turn returns it unchanged (its first metrics kept).
 
@@ -449,6 +454,7 @@ def turn_finish(*, turn: Turn, metrics: Mapping[str, float]) -> Turn:
                 "bytes_up": locked.bytes_up,
                 "bytes_down": locked.bytes_down,
                 "metrics": clean,
+                **({"crossed": dict(crossed)} if crossed else {}),
             },
         )
     return locked

@@ -56,13 +56,16 @@ class Processes:
     folder: Path
     env: dict[str, str]
     started: dict[str, subprocess.Popen] = field(default_factory=dict)
+    env_for: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+    def start(
+        self, name: str, args: list[str], *, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(
             args,
             cwd=REPO,
-            env=self.env,
+            env=env or self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -79,6 +79,12 @@ def test_a_job_runs_turn_by_turn_and_equals_unsplit_training(
     assert all(t.metrics["val_samples"] == 20 for t in turns)
     assert all(t.bytes_up > 0 and t.bytes_down > 0 for t in turns)
     assert MetricPoint.objects.filter(job=job).count() >= 6
+    # What crossed is in the audit log as names and dtypes (invariant 2): labels go up in
+    # vanilla mode only; no image does, ever.
+    for event in AuditEvent.objects.filter(job_id=job.pk, action="turn.finished"):
+        up = event.details["crossed"]["up"]
+        assert ("labels" in up["activations"]) == (mode == "vanilla"), up
+        assert set(up) <= {"rejoin", "activations", "head_gradients", "eval_activations", "metrics"}
     # Only the job's server state is kept, as a file that matches its record.
     kept = list(ServerCheckpoint.objects.filter(job=job))
     assert [c.pk for c in kept] == [job.server_checkpoint_id]

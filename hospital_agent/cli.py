@@ -1,0 +1,85 @@
+"""``medsplit-agent``: run the agent, or check its configuration and data offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from hospital_agent import __version__
+from hospital_agent.config import load_config
+from hospital_agent.data import DataProblem, check_data
+from hospital_agent.service import EXIT_CONFIG, Agent
+from medsplit.errors import ConfigError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="medsplit-agent",
+        description="A hospital's MedSplit agent: takes its turns in split-learning jobs "
+        "on local images; only activations and sealed weights leave the hospital.",
+    )
+    p.add_argument("--version", action="version", version=f"medsplit-agent {__version__}")
+    p.add_argument(
+        "command",
+        nargs="?",
+        default="run",
+        choices=["run", "check"],
+        help="run (default): take part in jobs; check: validate the configuration "
+        "and the data without contacting anyone",
+    )
+    p.add_argument("--config", help="a TOML file (see hospital_agent/config.py)")
+    p.add_argument("--coordinator-url")
+    p.add_argument("--work-dir")
+    p.add_argument("--enrolment-code")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--ca-bundle")
+    p.add_argument("--data-kind", choices=["medmnist", "folder", "synthetic"])
+    p.add_argument("--data-path")
+    p.add_argument("--data-split")
+    p.add_argument("--data-labels-csv")
+    p.add_argument("--data-samples", type=int)
+    p.add_argument("--data-shape", help="synthetic images' shape, e.g. 1,28,28")
+    p.add_argument("--data-val-fraction", type=float)
+    p.add_argument("--log-level", default=os.environ.get("MEDSPLIT_AGENT_LOG_LEVEL", "INFO"))
+    return p  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    flags = {
+        key: value
+        for key, value in vars(args).items()
+        if key not in ("command", "config", "log_level")
+    }
+    try:
+        config = load_config(file=args.config, flags=flags, env=os.environ)
+    except ConfigError as e:
+        print(f"medsplit-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "check":
+        return check(config)
+    return Agent(config).run()
+
+
+def check(config) -> int:
+    """Validate the configuration and the data, print the dataset summary."""
+    try:
+        summary = check_data(config.data, val_fraction=config.val_fraction, seed=config.split_seed)
+    except DataProblem as e:
+        print(f"medsplit-agent: the data cannot be used: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"configuration OK (coordinator {config.coordinator_url}, work dir {config.work_dir})")
+    print(json.dumps(summary.to_json(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

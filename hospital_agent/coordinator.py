@@ -1,0 +1,181 @@
+"""The coordinator's API as the agent uses it, over HTTPS, with retries.
+
+Only outbound requests: the agent opens no port. Connection failures and server errors
+(5xx) are retried with exponential backoff and logged; a refused token (401) is
+:class:`TokenRefused`, which stops the agent; any other refusal is
+:class:`CoordinatorRefused`, carrying the coordinator's error code and message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from medsplit.errors import MedSplitError
+
+logger = logging.getLogger(__name__)
+
+
+class CoordinatorError(MedSplitError):
+    """The coordinator could not be used."""
+
+
+class CoordinatorUnreachable(CoordinatorError):
+    """No answer after every retry."""
+
+
+class CoordinatorRefused(CoordinatorError):
+    """The coordinator answered with an error (4xx)."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(f"the coordinator refused ({status} {code}): {message}")
+        self.status, self.code, self.details = status, code, details
+
+
+class TokenRefused(CoordinatorRefused):
+    """The agent token was revoked or is unknown: the agent must stop."""
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff: ``first`` seconds, doubling up to ``longest``, for at most
+    ``give_up_after`` seconds in all (``None``: forever, until stopped)."""
+
+    first: float = 1.0
+    longest: float = 60.0
+    give_up_after: float | None = 300.0
+
+
+class Coordinator:
+    """The coordinator's agent API.
+
+    Args:
+        url: the coordinator's base URL (``https://...``).
+        token: the agent token, once enrolled.
+        ca_bundle: a CA file to check the coordinator's certificate with (default: the
+            system's CAs).
+        stopping: set when the agent shuts down; retries give up at once.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        ca_bundle: str | None = None,
+        backoff: Backoff | None = None,
+        stopping: threading.Event | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.backoff = backoff or Backoff()
+        self.stopping = stopping or threading.Event()
+        self.timeout = timeout
+        self._session = requests.Session()
+        self._session.verify = ca_bundle if ca_bundle else True
+        self._session.headers["User-Agent"] = "medsplit-agent"
+
+    # -- the API --------------------------------------------------------------------------
+
+    def enrol(self, *, code: str, public_key: str) -> dict[str, Any]:
+        """Exchange a one-time enrolment code and the agent's public key for its token
+        and relay credentials (each shown once)."""
+        return self._call(
+            "POST", "/api/agent/enrol/", json={"code": code, "public_key": public_key}
+        )
+
+    def heartbeat(self, *, status: str, version: str, summary: dict[str, Any]) -> dict[str, Any]:
+        body = {"agent_status": status, "agent_version": version, "dataset_summary": summary}
+        return self._call("POST", "/api/agent/heartbeat/", json=body)
+
+    def assignments(self, *, wait: float = 0.0, etag: str = "") -> tuple[list[dict], str]:
+        """The agent's jobs; with ``wait``, held until they differ from ``etag``."""
+        response = self._request(
+            "GET",
+            "/api/agent/assignments/",
+            params={"wait": f"{wait:g}", "etag": etag},
+            timeout=self.timeout + wait,
+        )
+        return response.json(), response.headers.get("ETag", "")
+
+    def record_handoff(
+        self, *, job: int, turn: int, recipient: str, ciphertext_sha256: str, size_bytes: int
+    ) -> dict[str, Any]:
+        body = {
+            "turn": turn,
+            "recipient": recipient,
+            "ciphertext_sha256": ciphertext_sha256,
+            "size_bytes": size_bytes,
+        }
+        return self._call("POST", f"/api/agent/assignments/{job}/handoffs/", json=body)
+
+    def report_problem(self, *, job: int, turn: int, reason: str) -> dict[str, Any]:
+        body = {"turn": turn, "reason": reason}
+        return self._call("POST", f"/api/agent/assignments/{job}/problems/", json=body)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", self.timeout)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return retrying(
+            lambda: self._once(method, path, headers=headers, **kwargs),
+            what=f"{method} {path}",
+            backoff=self.backoff,
+            stopping=self.stopping,
+        )
+
+    def _once(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        try:
+            response = self._session.request(method, self.url + path, **kwargs)
+        except requests.RequestException as e:
+            raise _Retry(f"the coordinator at {self.url} did not answer: {e}") from e
+        if response.status_code >= 500:
+            raise _Retry(f"the coordinator at {self.url} failed ({response.status_code})")
+        if response.status_code >= 400:
+            raise _refusal(response)
+        return response
+
+
+class _Retry(Exception):
+    pass
+
+
+def retrying(
+    call: Callable[[], Any], *, what: str, backoff: Backoff, stopping: threading.Event
+) -> Any:
+    """``call()`` until it stops raising ``_Retry``, waiting longer each time."""
+    delay, started = backoff.first, time.monotonic()
+    while True:
+        try:
+            return call()
+        except _Retry as e:
+            waited = time.monotonic() - started
+            if stopping.is_set() or (
+                backoff.give_up_after is not None and waited + delay > backoff.give_up_after
+            ):
+                raise CoordinatorUnreachable(f"{what}: {e} (gave up after {waited:.0f} s)") from e
+            logger.warning("%s: %s; trying again in %.0f s", what, e, delay)
+            if stopping.wait(delay):
+                raise CoordinatorUnreachable(f"{what}: {e} (stopped)") from e
+            delay = min(delay * 2, backoff.longest)
+
+
+def _refusal(response: requests.Response) -> CoordinatorRefused:
+    try:
+        body = response.json()
+        code, message, details = body.get("code", "?"), body.get("message", ""), body.get("details")
+    except ValueError:
+        code, message, details = "?", response.text[:200], None
+    kind = TokenRefused if response.status_code == 401 else CoordinatorRefused
+    return kind(response.status_code, code, message, details)

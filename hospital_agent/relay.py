@@ -1,0 +1,124 @@
+"""The relay as the agent uses it: its streams, and the sealed hand-offs it leaves for
+the other participants and takes for itself (Redis ``SET``/``GET`` under its ACL user)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+
+import redis
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from hospital_agent.identity import Credentials
+from medsplit.channel import handoff_key
+from medsplit.channel.redis import RedisChannel
+from medsplit.errors import ChannelError, MedSplitError
+from medsplit.protocol.sealing import SealContext, public_key_from_b64, seal, unseal
+
+logger = logging.getLogger(__name__)
+
+#: Sealed hand-offs expire after this long (participants fetch the final weights meanwhile).
+HANDOFF_TTL_SECONDS = 7 * 24 * 3600
+
+
+class HandoffMissing(MedSplitError):
+    """The sealed weights to start from are not (yet) on the relay."""
+
+
+class Relay:
+    """This hospital's view of the relay, as its own Redis user."""
+
+    def __init__(self, credentials: Credentials, *, timeout: float = 30.0) -> None:
+        self.credentials = credentials
+        self.url = credentials.relay()
+        self.timeout = timeout
+
+    def channel(self) -> RedisChannel:
+        return RedisChannel(self.url, socket_timeout=self.timeout)
+
+    def _client(self) -> redis.Redis:
+        return redis.Redis.from_url(
+            self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
+        )
+
+    def put_handoff(
+        self,
+        *,
+        job: int,
+        state: bytes,
+        key: X25519PrivateKey,
+        recipient: str,
+        recipient_public_key: str,
+        context: SealContext,
+    ) -> tuple[str, int]:
+        """Seal ``state`` for ``recipient`` and leave it on the relay.
+
+        Returns:
+            The SHA-256 and size of the blob (what the coordinator records).
+        """
+        blob = seal(
+            state, sender=key, recipient=public_key_from_b64(recipient_public_key), context=context
+        )
+        name = handoff_key(job=str(job), sender=self.credentials.hospital, recipient=recipient)
+        client = self._client()
+        try:
+            client.set(name, blob, ex=HANDOFF_TTL_SECONDS)
+        except redis.RedisError as e:
+            raise ChannelError(
+                f"leaving the hand-off for {recipient} on the relay failed: {e}"
+            ) from e
+        finally:
+            client.close()
+        return hashlib.sha256(blob).hexdigest(), len(blob)
+
+    def take_handoff(
+        self,
+        *,
+        job: int,
+        key: X25519PrivateKey,
+        sender: str,
+        sender_public_key: str,
+        context: SealContext,
+        expected_sha256: str | None,
+        wait: float,
+        stopping: threading.Event,
+    ) -> bytes:
+        """Fetch the blob ``sender`` sealed for this hospital and open it; waits up to
+        ``wait`` seconds for it to appear (the sender seals just after its turn ends).
+
+        Raises:
+            HandoffMissing: it did not appear in time.
+            SealError: it is not what was sealed for this place (tampered, replayed).
+        """
+        name = handoff_key(job=str(job), sender=sender, recipient=self.credentials.hospital)
+        client = self._client()
+        try:
+            blob = None
+            waited = 0.0
+            while not stopping.is_set():
+                blob = client.get(name)
+                ready = blob is not None and (
+                    expected_sha256 is None or hashlib.sha256(blob).hexdigest() == expected_sha256
+                )
+                if ready or waited >= wait:
+                    break
+                stopping.wait(0.5)
+                waited += 0.5
+        except redis.RedisError as e:
+            raise ChannelError(f"fetching the hand-off from {sender} failed: {e}") from e
+        finally:
+            client.close()
+        if blob is None:
+            raise HandoffMissing(
+                f"the weights {sender} sealed for this hospital are not on the relay "
+                f"(key {name}); they expire after {HANDOFF_TTL_SECONDS // 86400} days"
+            )
+        if expected_sha256 is not None and hashlib.sha256(blob).hexdigest() != expected_sha256:
+            raise HandoffMissing(
+                f"the blob from {sender} on the relay is not the one the coordinator recorded "
+                "(a newer or an altered one): refusing it"
+            )
+        return unseal(
+            blob, recipient=key, sender=public_key_from_b64(sender_public_key), context=context
+        )

@@ -1,0 +1,254 @@
+"""End to end with real processes: the coordinator (a live server), the real Redis with a
+user per hospital, a Celery worker and beat, and three agent processes, each with its own
+third of BreastMNIST's training split; two rounds, vanilla and U-shaped.
+
+The job completes; the final front (and head) and server weights equal unsplit training
+over the same batch sequence (`torch.equal`); every agent holds the final weights; no
+Redis key, checkpoint or coordinator table holds the bytes of a training image; in
+U-shaped mode no label crossed (the audit log lists what crossed, by name and dtype).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+from django.apps import apps
+from django.core import serializers as django_serializers
+
+from audit.models import AuditEvent
+from coordinator.actors import Actor
+from hospital_agent.data import DataSource, load_local, prepare
+from hospitals import services as hospital_services
+from hospitals.models import Hospital
+from medsplit.protocol.handoff import import_parties
+from medsplit.training.reference import train_unsplit
+from medsplit.training.verify import deterministic
+from medsplit.turns.checkpoints import read_verified
+from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.setup import client_parties, server_party
+from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
+from training import services
+from training.models import Job, Turn
+from training.runs import checkpoint_dir
+from training.states import JobState
+from workers.turn_runner import job_model
+
+__all__ = ["processes"]
+
+BREAST = Path(__file__).resolve().parents[3] / "shared" / "data" / "breastmnist_28.npz"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def thirds(folder: Path) -> list[Path]:
+    """BreastMNIST's training split cut in three MedMNIST-format files, one per agent."""
+    if not BREAST.exists():
+        pytest.skip(f"{BREAST} is absent (the shared datasets are not on this machine)")
+    archive = np.load(BREAST, allow_pickle=False)
+    images, labels = archive["train_images"], archive["train_labels"]
+    paths = []
+    for i in range(3):
+        path = folder / f"breast-third-{i}.npz"
+        np.savez(
+            path,
+            **{
+                "train_images": images[i::3],
+                "train_labels": labels[i::3],
+                "val_images": archive["val_images"][:8],
+                "val_labels": archive["val_labels"][:8],
+                "test_images": archive["test_images"][:8],
+                "test_labels": archive["test_labels"][:8],
+            },
+        )
+        paths.append(path)
+    return paths
+
+
+def start_agent(processes: Processes, name: str, env: dict[str, str]):
+    processes.env_for[name] = {**processes.env, **env}
+    return processes.start(
+        name, [sys.executable, "-m", "hospital_agent", "run"], env=processes.env_for[name]
+    )
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
+def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
+    processes: Processes,
+    live_server,
+    settings,
+    redis_url: str,
+    tmp_path: Path,
+    admin_actor: Actor,
+    mode: str,
+) -> None:
+    if not redis_url.startswith("redis://"):
+        pytest.skip("per-hospital Redis users need a Redis reached over TCP")
+    settings.MEDSPLIT = {
+        **settings.MEDSPLIT,
+        "REDIS_URL": redis_url,
+        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+    }
+    files = thirds(tmp_path)
+    tag = uuid.uuid4().hex[:6]
+    hospitals = []
+    for i in range(3):
+        registration = hospital_services.hospital_register(
+            actor=admin_actor, name=f"Hospital {tag} {i}", slug=f"h{tag}-{i}"
+        )
+        hospitals.append(registration.hospital)
+        start_agent(
+            processes,
+            f"agent-{i}",
+            {
+                "MEDSPLIT_AGENT_COORDINATOR_URL": live_server.url,
+                "MEDSPLIT_AGENT_WORK_DIR": str(tmp_path / f"agent-{i}"),
+                "MEDSPLIT_AGENT_ENROLMENT_CODE": registration.enrolment_code.plaintext,
+                "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
+                "MEDSPLIT_AGENT_DATA_PATH": str(files[i]),
+                "MEDSPLIT_AGENT_POLL_SECONDS": "2",
+                "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "1",
+                "MEDSPLIT_AGENT_REPLY_TIMEOUT": "120",
+            },
+        )
+    wait_until(
+        "every agent to enrol and report its data",
+        lambda: (
+            Hospital.objects.filter(pk__in=[h.pk for h in hospitals], status="enrolled")
+            .exclude(dataset_summary={})
+            .count()
+            == 3
+        ),
+        60,
+        processes,
+    )
+    with workers_relay_user(redis_url, processes):
+        processes.celery_worker("worker")
+        processes.celery_beat()
+        cuts = ["pool1"] if mode == "vanilla" else ["pool1", "pool"]
+        job = services.job_create(
+            actor=admin_actor,
+            data={
+                "name": f"breast {mode}",
+                "model": "small_cnn",
+                "num_classes": 2,
+                "mode": mode,
+                "cuts": cuts,
+                "client_optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+                "server_optimizer": {"name": "adam", "lr": 0.001},
+                "batch_size": 32,
+                "rounds": 2,
+                "seed": int(tag, 16) % 1000,
+                "participants": [{"hospital": h.slug} for h in hospitals],
+            },
+        )
+        services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
+        finals = [
+            tmp_path / f"agent-{i}" / "jobs" / f"job-{job.pk}" / "final.safetensors"
+            for i in range(3)
+        ]
+        wait_until("the job to complete", lambda: _state(job) == JobState.COMPLETED, 300, processes)
+        wait_until(
+            "every agent to keep the final weights",
+            lambda: all(p.exists() for p in finals),
+            60,
+            processes,
+        )
+
+    job.refresh_from_db()
+    turns = Turn.objects.filter(job=job)
+    assert turns.count() == 6 and set(turns.values_list("status", flat=True)) == {"completed"}
+    assert all("val_accuracy" in t.metrics for t in turns)
+    for path in finals:
+        assert path.stat().st_mode & 0o777 == 0o600
+    assert len({p.read_bytes() for p in finals}) == 1, "every hospital holds the same final weights"
+
+    # Exactness against unsplit training over the same batches.
+    config = job.training_config()
+    model = job_model(job)
+    split = model.split(config)
+    trains = []
+    for path in files:
+        data, _ = load_local(
+            DataSource(kind="medmnist", path=str(path)),
+            input_shape=model.input_shape,
+            num_classes=2,
+        )
+        trains.append(prepare(data, input_shape=model.input_shape, num_classes=2).train)
+    with deterministic():
+        want = train_unsplit(model.build(), trains, config, split).state_dict()
+    server = server_party(split, config)
+    row = job.server_checkpoint
+    import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server})
+    clients = client_parties(split, config)
+    import_parties(finals[0].read_bytes(), clients)
+    got = dict(server.module.state_dict())
+    for party in clients.values():
+        got.update(party.module.state_dict())
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), f"{name} differs from unsplit training"
+
+    # Data stays home: no image's bytes anywhere outside the agents.
+    needles = _image_needles(files, trains)
+    haystacks = _relay_values(redis_url, job) + _checkpoint_files() + [_coordinator_tables()]
+    for hay in haystacks:
+        for needle in needles:
+            assert needle not in hay, "a training image's bytes left a hospital"
+    finished = AuditEvent.objects.filter(job_id=job.pk, action="turn.finished")
+    for event in finished:
+        up = event.details["crossed"]["up"]
+        labels_up = any("labels" in tensors for tensors in up.values())
+        assert labels_up == (mode == "vanilla"), up
+
+
+def _state(job: Job) -> str:
+    job.refresh_from_db()
+    assert job.state not in (JobState.FAILED, JobState.CANCELLED), job.state_reason
+    return job.state
+
+
+def _image_needles(files: list[Path], trains) -> list[bytes]:
+    """Some training images as raw bytes (uint8, as stored) and as the float32 the model saw."""
+    needles = []
+    for path, train in zip(files, trains, strict=True):
+        images = np.load(path)["train_images"]
+        needles += [images[i].tobytes() for i in range(0, len(images), 17)]
+        needles += [
+            train.images[i].numpy().astype(np.float32).tobytes() for i in range(0, len(train), 17)
+        ]
+    return needles
+
+
+def _relay_values(redis_url: str, job: Job) -> list[bytes]:
+    client = redis.Redis.from_url(redis_url)
+    values = []
+    try:
+        for pattern in (f"medsplit:job-{job.pk}:*", f"medsplit-handoff:*:job:{job.pk}"):
+            for key in client.scan_iter(match=pattern):
+                kind = client.type(key)
+                if kind == b"string":
+                    values.append(client.get(key))
+                elif kind == b"stream":
+                    values += [b"".join(f.values()) for _, f in client.xrange(key)]
+                elif kind == b"hash":
+                    values.append(b"".join(client.hgetall(key).values()))
+    finally:
+        client.close()
+    return values
+
+
+def _checkpoint_files() -> list[bytes]:
+    return [p.read_bytes() for p in checkpoint_dir().rglob("*") if p.is_file()]
+
+
+def _coordinator_tables() -> bytes:
+    out = io.StringIO()
+    for model in apps.get_models():
+        out.write(django_serializers.serialize("json", model.objects.all()))
+    return out.getvalue().encode()
