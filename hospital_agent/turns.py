@@ -18,6 +18,7 @@ stores them in its work directory.
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,11 @@ from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 from medsplit.turns.setup import JobModel, client_parties
 
 logger = logging.getLogger(__name__)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,15 @@ class TurnTaker:
                 continue  # the next run waits for the server's handshake
             if report.outcome == ClientOutcome.COMPLETED:
                 metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(report.metrics.items()))
-                logger.info("turn done: %s", metrics)
+                steps = max(report.steps, 1)
+                logger.info(
+                    "turn done: %s; per step %.1f ms waiting on the relay, %.1f ms computing; "
+                    "peak memory %.0f MiB",
+                    metrics,
+                    1000 * report.waiting_seconds / steps,
+                    1000 * report.computing_seconds / steps,
+                    peak_rss_mib(),
+                )
             return report.outcome
 
     def data_for(self, model: JobModel) -> LocalData:

@@ -74,6 +74,14 @@ class ClientReport:
     resumed_at: list[int] = field(default_factory=list)
     bytes_up: int = 0
     bytes_down: int = 0
+    #: Seconds this run spent waiting for the server's frames, and everything else
+    #: (computing, encoding, sending).
+    waiting_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def computing_seconds(self) -> float:
+        return self.total_seconds - self.waiting_seconds
 
 
 class TurnClient:
@@ -167,6 +175,13 @@ class TurnClient:
             ProtocolError: the server sent frames that break the protocol.
         """
         report = ClientReport(ClientOutcome.STOPPED)
+        began = time.monotonic()
+        try:
+            return self._run(report)
+        finally:
+            report.total_seconds = time.monotonic() - began
+
+    def _run(self, report: ClientReport) -> ClientReport:
         answered: int | None = None
         running = False
         self._send(control.rejoin(self.ids, control.HELLO, self.snapshots.steps()), report)
@@ -343,12 +358,15 @@ class TurnClient:
                     f"the server sent nothing for {self.reply_timeout:g} s during turn "
                     f"{self.ids.position} of round {self.ids.round}"
                 )
+            waiting = time.monotonic()
             try:
                 payload = self.channel.receive(
                     self.streams.down, timeout=min(remaining, _STOP_POLL_SECONDS)
                 )
             except ChannelTimeout:
                 continue
+            finally:
+                report.waiting_seconds += time.monotonic() - waiting
             report.bytes_down += len(payload)
             try:
                 frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
