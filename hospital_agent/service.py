@@ -43,6 +43,7 @@ class Agent:
         self.stopping = threading.Event()
         self.status = "starting"
         self.summary: dict[str, Any] | None = None
+        self._refused: TokenRefused | None = None
 
     def stop(self, *_: object) -> None:
         """Finish the step in flight, keep a snapshot, and leave (SIGTERM, SIGINT)."""
@@ -114,6 +115,8 @@ class Agent:
                 if self.stopping.is_set():
                     break
                 self._handle(taker, Assignment(raw))
+        if self._refused is not None:
+            raise self._refused
         logger.info("stopped")
         return EXIT_OK
 
@@ -142,7 +145,8 @@ class Agent:
                     coordinator.heartbeat(
                         status=self.status, version=__version__, summary=self.summary
                     )
-                except TokenRefused:
+                except TokenRefused as e:
+                    self._refused = e
                     self.stop()
                     return
                 except CoordinatorError as e:

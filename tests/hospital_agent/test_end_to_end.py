@@ -11,6 +11,7 @@ U-shaped mode no label crossed (the audit log lists what crossed, by name and dt
 from __future__ import annotations
 
 import io
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -77,16 +78,8 @@ def start_agent(processes: Processes, name: str, env: dict[str, str]):
     )
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
-def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
-    processes: Processes,
-    live_server,
-    settings,
-    redis_url: str,
-    tmp_path: Path,
-    admin_actor: Actor,
-    mode: str,
-) -> None:
+@pytest.fixture
+def consortium(live_server, settings, redis_url: str, admin_actor: Actor):
     if not redis_url.startswith("redis://"):
         pytest.skip("per-hospital Redis users need a Redis reached over TCP")
     settings.MEDSPLIT = {
@@ -94,10 +87,14 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
         "REDIS_URL": redis_url,
         "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
     }
-    files = thirds(tmp_path)
+    return live_server.url
+
+
+def enrol_agents(processes: Processes, url: str, tmp_path: Path, admin_actor: Actor, files):
+    """Register three hospitals and start an agent for each, on its own third."""
     tag = uuid.uuid4().hex[:6]
     hospitals = []
-    for i in range(3):
+    for i, path in enumerate(files):
         registration = hospital_services.hospital_register(
             actor=admin_actor, name=f"Hospital {tag} {i}", slug=f"h{tag}-{i}"
         )
@@ -106,11 +103,11 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
             processes,
             f"agent-{i}",
             {
-                "MEDSPLIT_AGENT_COORDINATOR_URL": live_server.url,
+                "MEDSPLIT_AGENT_COORDINATOR_URL": url,
                 "MEDSPLIT_AGENT_WORK_DIR": str(tmp_path / f"agent-{i}"),
                 "MEDSPLIT_AGENT_ENROLMENT_CODE": registration.enrolment_code.plaintext,
                 "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
-                "MEDSPLIT_AGENT_DATA_PATH": str(files[i]),
+                "MEDSPLIT_AGENT_DATA_PATH": str(path),
                 "MEDSPLIT_AGENT_POLL_SECONDS": "2",
                 "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "1",
                 "MEDSPLIT_AGENT_REPLY_TIMEOUT": "120",
@@ -127,51 +124,47 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
         60,
         processes,
     )
-    with workers_relay_user(redis_url, processes):
-        processes.celery_worker("worker")
-        processes.celery_beat()
-        cuts = ["pool1"] if mode == "vanilla" else ["pool1", "pool"]
-        job = services.job_create(
-            actor=admin_actor,
-            data={
-                "name": f"breast {mode}",
-                "model": "small_cnn",
-                "num_classes": 2,
-                "mode": mode,
-                "cuts": cuts,
-                "client_optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
-                "server_optimizer": {"name": "adam", "lr": 0.001},
-                "batch_size": 32,
-                "rounds": 2,
-                "seed": int(tag, 16) % 1000,
-                "participants": [{"hospital": h.slug} for h in hospitals],
-            },
-        )
-        services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
-        finals = [
-            tmp_path / f"agent-{i}" / "jobs" / f"job-{job.pk}" / "final.safetensors"
-            for i in range(3)
-        ]
-        wait_until("the job to complete", lambda: _state(job) == JobState.COMPLETED, 300, processes)
-        wait_until(
-            "every agent to keep the final weights",
-            lambda: all(p.exists() for p in finals),
-            60,
-            processes,
-        )
+    return hospitals, int(tag, 16) % 1000
 
-    job.refresh_from_db()
-    turns = Turn.objects.filter(job=job)
-    assert turns.count() == 6 and set(turns.values_list("status", flat=True)) == {"completed"}
-    assert all("val_accuracy" in t.metrics for t in turns)
-    for path in finals:
-        assert path.stat().st_mode & 0o777 == 0o600
-    assert len({p.read_bytes() for p in finals}) == 1, "every hospital holds the same final weights"
 
-    # Exactness against unsplit training over the same batches.
-    config = job.training_config()
+def job_for(admin_actor: Actor, hospitals, seed: int, mode: str, **overrides) -> Job:
+    cuts = ["pool1"] if mode == "vanilla" else ["pool1", "pool"]
+    data = {
+        "name": f"breast {mode}",
+        "model": "small_cnn",
+        "num_classes": 2,
+        "mode": mode,
+        "cuts": cuts,
+        "client_optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "server_optimizer": {"name": "adam", "lr": 0.001},
+        "batch_size": 32,
+        "rounds": 2,
+        "seed": seed,
+        "participants": [{"hospital": h.slug} for h in hospitals],
+        **overrides,
+    }
+    job = services.job_create(actor=admin_actor, data=data)
+    return services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
+
+
+def finals_of(tmp_path: Path, job: Job) -> list[Path]:
+    return [
+        tmp_path / f"agent-{i}" / "jobs" / f"job-{job.pk}" / "final.safetensors" for i in range(3)
+    ]
+
+
+def wait_for_the_end(processes: Processes, job: Job, finals: list[Path]) -> None:
+    wait_until("the job to complete", lambda: _state(job) == JobState.COMPLETED, 300, processes)
+    wait_until(
+        "every agent to keep the final weights",
+        lambda: all(p.exists() for p in finals),
+        60,
+        processes,
+    )
+
+
+def prepared_trains(job: Job, files: list[Path]):
     model = job_model(job)
-    split = model.split(config)
     trains = []
     for path in files:
         data, _ = load_local(
@@ -180,19 +173,51 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
             num_classes=2,
         )
         trains.append(prepare(data, input_shape=model.input_shape, num_classes=2).train)
+    return trains
+
+
+def assert_exact(job: Job, trains, final: Path) -> None:
+    """The job's server weights and a hospital's final weights equal unsplit training."""
+    job.refresh_from_db()
+    config = job.training_config()
+    model = job_model(job)
+    split = model.split(config)
     with deterministic():
         want = train_unsplit(model.build(), trains, config, split).state_dict()
     server = server_party(split, config)
     row = job.server_checkpoint
     import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server})
     clients = client_parties(split, config)
-    import_parties(finals[0].read_bytes(), clients)
+    import_parties(final.read_bytes(), clients)
     got = dict(server.module.state_dict())
     for party in clients.values():
         got.update(party.module.state_dict())
     assert got.keys() == want.keys()
     for name, value in want.items():
         assert torch.equal(got[name], value), f"{name} differs from unsplit training"
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
+def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
+    processes: Processes, consortium: str, redis_url: str, tmp_path: Path, admin_actor, mode: str
+) -> None:
+    files = thirds(tmp_path)
+    hospitals, seed = enrol_agents(processes, consortium, tmp_path, admin_actor, files)
+    with workers_relay_user(redis_url, processes):
+        processes.celery_worker("worker")
+        processes.celery_beat()
+        job = job_for(admin_actor, hospitals, seed, mode)
+        finals = finals_of(tmp_path, job)
+        wait_for_the_end(processes, job, finals)
+
+    turns = Turn.objects.filter(job=job)
+    assert turns.count() == 6 and set(turns.values_list("status", flat=True)) == {"completed"}
+    assert all("val_accuracy" in t.metrics for t in turns)
+    for path in finals:
+        assert path.stat().st_mode & 0o777 == 0o600
+    assert len({p.read_bytes() for p in finals}) == 1, "every hospital holds the same final weights"
+    trains = prepared_trains(job, files)
+    assert_exact(job, trains, finals[0])
 
     # Data stays home: no image's bytes anywhere outside the agents.
     needles = _image_needles(files, trains)
@@ -205,6 +230,42 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
         up = event.details["crossed"]["up"]
         labels_up = any("labels" in tensors for tensors in up.values())
         assert labels_up == (mode == "vanilla"), up
+
+
+def test_an_agent_killed_mid_turn_comes_back_and_the_job_stays_exact(
+    processes: Processes, consortium: str, redis_url: str, tmp_path: Path, admin_actor
+) -> None:
+    files = thirds(tmp_path)
+    hospitals, seed = enrol_agents(processes, consortium, tmp_path, admin_actor, files)
+    with workers_relay_user(redis_url, processes):
+        processes.celery_worker("worker")
+        processes.celery_beat()
+        # Smaller batches and two local epochs: turns long enough to be cut in the middle.
+        job = job_for(admin_actor, hospitals, seed, "vanilla", batch_size=16, local_epochs=2)
+        busy = wait_until(
+            "the second hospital's turn to be under way",
+            lambda: (
+                Turn.objects.filter(job=job, position=1, status="running", steps__gte=3)
+                .exclude(steps__gte=15)
+                .first()
+            ),
+            120,
+            processes,
+        )
+        processes.stop("agent-1", signal.SIGKILL)
+        # Restarted with the same work directory: its key, token and snapshots are there.
+        processes.start(
+            "agent-1",
+            [sys.executable, "-m", "hospital_agent", "run"],
+            env=processes.env_for["agent-1"],
+        )
+        finals = finals_of(tmp_path, job)
+        wait_for_the_end(processes, job, finals)
+    busy.refresh_from_db()
+    assert busy.status == "completed" and busy.attempt == 1, "the turn was not failed or redone"
+    assert_exact(job, prepared_trains(job, files), finals[1])
+    log = (processes.folder / "agent-1.log").read_text()
+    assert "enrolled as" in log and log.count("enrolled as") == 1, "enrolled once, not again"
 
 
 def _state(job: Job) -> str:

@@ -1,0 +1,165 @@
+"""The agent's pieces on their own: configuration, identity files, snapshots on disk,
+retries against an unreachable coordinator, sealed hand-offs on the real Redis."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from hospital_agent.cli import main
+from hospital_agent.config import load_config
+from hospital_agent.coordinator import Backoff, Coordinator, CoordinatorUnreachable
+from hospital_agent.identity import (
+    Credentials,
+    load_credentials,
+    load_or_create_key,
+    save_credentials,
+)
+from hospital_agent.relay import HandoffMissing, Relay
+from hospital_agent.snapshots import FileSnapshots
+from medsplit.errors import ConfigError, SealError
+from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
+
+BASE = {"coordinator_url": "https://c.example", "work_dir": "/tmp/w", "data_kind": "synthetic"}
+
+
+def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> None:
+    file = tmp_path / "agent.toml"
+    file.write_text(
+        'coordinator_url = "https://from-file.example"\nwork_dir = "/srv/agent"\n'
+        'device = "cpu"\n[data]\nkind = "synthetic"\nsamples = 40\nval_fraction = 0.25\n'
+    )
+    env = {
+        "MEDSPLIT_AGENT_COORDINATOR_URL": "https://from-env.example",
+        "MEDSPLIT_AGENT_DATA_SAMPLES": "60",
+    }
+    config = load_config(file=file, flags={"work_dir": "/flag/dir", "device": None}, env=env)
+    assert config.coordinator_url == "https://from-env.example"
+    assert config.work_dir == Path("/flag/dir")
+    assert config.data.kind == "synthetic" and config.data.samples == 60
+    assert config.val_fraction == 0.25
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({**BASE, "coordinator_url": None}, "coordinator_url is not set"),
+        ({**BASE, "coordinator_url": "ftp://x"}, "must start with https://"),
+        ({**BASE, "device": "tpu"}, "device must be one of cpu, cuda"),
+        ({**BASE, "data_kind": None}, "data.kind is not set"),
+        ({**BASE, "data_samples": "many"}, "data.samples must be a int"),
+    ],
+)
+def test_configuration_errors_name_the_key(flags: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(file=None, flags=flags, env={})
+
+
+def test_unknown_keys_in_the_file_are_refused(tmp_path: Path) -> None:
+    file = tmp_path / "agent.toml"
+    file.write_text('coordinator_url = "https://x"\nwork_dir = "/w"\ncoordinater = "typo"\n')
+    with pytest.raises(ConfigError, match="unknown configuration keys: coordinater"):
+        load_config(file=file, flags={}, env={})
+
+
+def test_check_validates_offline_and_prints_the_summary(tmp_path: Path, capsys) -> None:
+    args = ["check", "--coordinator-url", "https://nowhere.invalid", "--work-dir", str(tmp_path)]
+    assert main([*args, "--data-kind", "synthetic", "--data-samples", "30"]) == 0
+    out = capsys.readouterr().out
+    assert '"split_sizes"' in out and '"label_counts"' in out
+    assert main([*args, "--data-kind", "folder", "--data-path", str(tmp_path / "none")]) == 2
+    assert "none" in capsys.readouterr().err
+
+
+def test_the_private_key_and_credentials_are_kept_for_this_user_only(tmp_path: Path) -> None:
+    key = load_or_create_key(tmp_path)
+    assert (tmp_path / "agent.key").stat().st_mode & 0o777 == 0o600
+    assert public_key_b64(load_or_create_key(tmp_path)) == public_key_b64(key), "reused"
+    credentials = Credentials("h", "msa_x", "redis://relay:6379/0", "hospital-h", "pw")
+    save_credentials(tmp_path, credentials)
+    assert (tmp_path / "credentials.json").stat().st_mode & 0o777 == 0o600
+    assert load_credentials(tmp_path) == credentials
+    assert credentials.relay() == "redis://hospital-h:pw@relay:6379/0"
+    os.chmod(tmp_path / "agent.key", 0o644)
+    with pytest.raises(ConfigError, match="may be read by other users"):
+        load_or_create_key(tmp_path)
+
+
+def test_snapshots_on_disk_keep_the_start_and_the_two_newest(tmp_path: Path) -> None:
+    snapshots = FileSnapshots(tmp_path / "turn")
+    for step in (0, 3, 6, 9):
+        snapshots.save(step, f"state {step}".encode())
+    assert snapshots.steps() == [0, 6, 9]
+    assert FileSnapshots(tmp_path / "turn").load(9) == b"state 9", "a restarted agent sees them"
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in (tmp_path / "turn").iterdir())
+
+
+def test_an_unreachable_coordinator_is_retried_with_backoff_then_reported(caplog) -> None:
+    coordinator = Coordinator(
+        "http://127.0.0.1:1", backoff=Backoff(first=0.05, longest=0.1, give_up_after=0.4)
+    )
+    with caplog.at_level(logging.WARNING), pytest.raises(CoordinatorUnreachable, match="gave up"):
+        coordinator.heartbeat(status="idle", version="1", summary={})
+    assert caplog.text.count("trying again") >= 2
+    stopping = threading.Event()
+    stopping.set()
+    quick = Coordinator("http://127.0.0.1:1", stopping=stopping)
+    with pytest.raises(CoordinatorUnreachable):
+        quick.heartbeat(status="idle", version="1", summary={})
+
+
+@pytest.fixture
+def relays(redis_url: str):
+    if not redis_url.startswith("redis://"):
+        pytest.skip("these hand-off tests use a Redis reached over TCP")
+    host = redis_url.split("://", 1)[1]
+    made = []
+
+    def relay(slug: str) -> Relay:
+        made.append(slug)
+        return Relay(Credentials(slug, "t", f"redis://{host}", "default", "unused"))
+
+    yield relay
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match="medsplit-handoff:*job:test-*"):
+        client.delete(key)
+    client.close()
+
+
+def test_a_hand_off_opens_only_for_its_recipient_and_its_place(relays) -> None:
+    a_key, b_key = generate_private_key(), generate_private_key()
+    job = f"test-{uuid.uuid4().hex[:6]}"
+    a, b = relays("a"), relays("b")
+    context = SealContext(job=job, round=1, sender="a", recipient="b")
+    digest, size = a.put_handoff(
+        job=job, state=b"weights", key=a_key, recipient="b",
+        recipient_public_key=public_key_b64(b_key), context=context,
+    )  # fmt: skip
+    stop = threading.Event()
+    taken = b.take_handoff(
+        job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+        context=context, expected_sha256=digest, wait=1, stopping=stop,
+    )  # fmt: skip
+    assert taken == b"weights" and size > len(b"weights")
+    replayed = SealContext(job=job, round=2, sender="a", recipient="b")
+    with pytest.raises(SealError, match="round"):
+        b.take_handoff(
+            job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+            context=replayed, expected_sha256=digest, wait=0, stopping=stop,
+        )  # fmt: skip
+    with pytest.raises(HandoffMissing, match="not the one the coordinator recorded"):
+        b.take_handoff(
+            job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+            context=context, expected_sha256="0" * 64, wait=0, stopping=stop,
+        )  # fmt: skip
+    with pytest.raises(HandoffMissing, match="not on the relay"):
+        a.take_handoff(
+            job=job, key=a_key, sender="b", sender_public_key=public_key_b64(b_key),
+            context=context, expected_sha256=None, wait=0, stopping=stop,
+        )  # fmt: skip
