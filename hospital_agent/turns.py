@@ -36,6 +36,7 @@ from hospital_agent.identity import Credentials, write_private
 from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import StreamPair
+from medsplit.cutting import SplitModel
 from medsplit.errors import ChannelError
 from medsplit.modes import Mode
 from medsplit.protocol.handoff import export_parties
@@ -139,7 +140,7 @@ class TurnTaker:
             self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
             return None
         split = model.split(config)
-        start = self.start_state(assignment, config, wait=self.config.reply_timeout)
+        start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
         if start is None:
             return None
         ids = TurnIds(
@@ -236,12 +237,17 @@ class TurnTaker:
     # -- hand-offs ----------------------------------------------------------------------
 
     def start_state(
-        self, assignment: Assignment, config: TrainingConfig, *, wait: float
+        self,
+        assignment: Assignment,
+        config: TrainingConfig,
+        split: SplitModel | None,
+        *,
+        wait: float,
     ) -> bytes | None:
         """The training state the next turn starts from (see the module docstring)."""
         source = assignment.raw["handoff_from"]
         if source is None:
-            split = assignment.model().split(config)
+            split = split or assignment.model().split(config)
             return export_parties(client_parties(split, config))
         if source["hospital"] == self.me:
             return (self.jobs_dir(assignment.job) / "state.safetensors").read_bytes()
@@ -311,7 +317,7 @@ class TurnTaker:
         if path.exists():
             return path
         config = assignment.config()
-        state = self.start_state(assignment, config, wait=0.0)
+        state = self.start_state(assignment, config, None, wait=0.0)
         if state is None:
             return None
         write_private(path, state)

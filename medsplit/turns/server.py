@@ -221,6 +221,10 @@ class TurnServer:
         if kind == FrameKind.REJOIN:
             if control.nonce_of(frame) == control.HELLO:
                 logger.info("%s: the hospital came back; starting a new handshake", self._where())
+                # The weights hold every step before next_step (a step's update comes with
+                # its last exchange): keep them, so a hospital that stopped cleanly there
+                # need not go back further.
+                self._checkpoint()
                 self._handshake()
             else:
                 self._drop(frame, "an answer to a handshake already done")

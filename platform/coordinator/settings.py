@@ -215,7 +215,13 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # workers that nothing here uses.
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 CELERY_BEAT_SCHEDULE = {
-    "sweep": {"task": "medsplit.sweep", "schedule": MEDSPLIT["SWEEP_SECONDS"]},
+    # A sweep not run before the next one is due is dropped: they would only pile up
+    # behind long turns and each send the same follow-ups again.
+    "sweep": {
+        "task": "medsplit.sweep",
+        "schedule": MEDSPLIT["SWEEP_SECONDS"],
+        "options": {"expires": MEDSPLIT["SWEEP_SECONDS"]},
+    },
 }
 
 LOGGING = {

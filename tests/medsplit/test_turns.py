@@ -213,3 +213,49 @@ def test_metrics_frames_are_checked() -> None:
         control.metric_values(control.metrics(ids, 3, {"val_loss": float("nan")}))
     with pytest.raises(ProtocolError, match="lower-case name"):
         control.metric_values(control.metrics(ids, 3, {"Bad Name": 1.0}))
+
+
+def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> None:
+    """SIGTERM at the agent: the step in flight is finished, a snapshot kept, and the
+    next run says hello and continues from there; training stays exact."""
+    import copy
+
+    from medsplit.protocol.handoff import export_parties
+    from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
+    from medsplit.turns.setup import client_parties, server_party
+    from tests.medsplit.turn_harness import ScriptedHooks
+
+    model, (data,), config = mlp(), shares(48, 1), config_for(Mode.VANILLA, rounds=1)
+    channel = InMemoryChannel()
+    split = split_model(model, data.images[:2], config.cuts)
+    ids = TurnIds(config.job, 0, 0, Mode.VANILLA)
+    streams = StreamPair.for_hospital(config.job, "h0")
+    party = server_party(split, config)
+    server = TurnServer(
+        ids=ids, channel=channel, streams=streams, split=split, party=party,
+        store=MemoryCheckpointStore(export_parties({"server": copy.deepcopy(party)})),
+        hooks=ScriptedHooks(), batch_size=8, checkpoint_every=4, poll_interval=0.05,
+    )  # fmt: skip
+    thread = threading.Thread(target=server.run)
+    stop = threading.Event()
+    client = TurnClient(
+        ids=ids, channel=channel, streams=streams, split=split,
+        parties=lambda: client_parties(split, config),
+        start=export_parties(client_parties(split, config)), config=config, train=data,
+        val=None, snapshots=MemorySnapshots(), reply_timeout=10, stop=stop, device="cpu",
+        on_step=lambda result: stop.set() if result.ids.step == 1 else None,
+    )  # fmt: skip
+    with deterministic():
+        thread.start()
+        first = client.run()
+        assert first.outcome == ClientOutcome.INTERRUPTED and first.steps == 2
+        assert 2 in client.snapshots.steps(), "a snapshot before the next step"
+        stop.clear()
+        second = client.run()
+        thread.join(10)
+        assert second.outcome == ClientOutcome.COMPLETED
+        assert client.resumed_at == [0, 2]
+        whole = train_unsplit(model, [data], config, split).state_dict()
+    got = {**party.module.state_dict(), **client.parties["front"].module.state_dict()}
+    for name, value in whole.items():
+        assert torch.equal(got[name], value), name

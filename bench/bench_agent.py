@@ -1,0 +1,652 @@
+"""Benchmark the hospital agent during a turn: its peak resident memory, and per step
+the time it spends waiting on the relay against the time it spends computing.
+
+Run from the repository root, with Redis running (``REDIS_URL``, default
+``redis://127.0.0.1:6379/0``; the real per-hospital ACL users are made on it)::
+
+    .venv/bin/python bench/bench_agent.py                  # a table
+    .venv/bin/python bench/bench_agent.py --steps 25 --json
+
+Everything is a real process, as in a deployment (and as in
+``tests/hospital_agent/test_end_to_end.py``):
+
+- the coordinator: ``platform/manage.py runserver 127.0.0.1:<free port> --noreload`` on
+  a temporary SQLite database (or ``DATABASE_URL`` when set) that this script migrates;
+  ``MEDSPLIT_REDIS_ACL_PROVISIONER=hospitals.relay_acl.RedisAclUsers``, so enrolment
+  makes the hospital's own Redis user ``hospital-<slug>``;
+- a Celery worker (``--pool=solo``) and Celery beat on a unique queue; scheduling a job
+  sends ``advance_job`` at once (``workers.dispatch.CeleryDispatcher``), the sweep runs
+  every second;
+- one agent, ``python -m hospital_agent run``, configured by ``MEDSPLIT_AGENT_*``
+  variables: synthetic data (``--samples`` images of the input shape, by default
+  exactly ``steps x batch``, no validation split), the one-time enrolment code from
+  ``hospitals.services.hospital_register`` (a consortium admin made here), polling and
+  heartbeats every second.
+
+The script waits until the agent enrolled and reported its dataset summary, creates a
+one-hospital, one-round job (DenseNet121 at its registry default cut, input 1x64x64,
+batch 32, codec ``none``, vanilla, SGD with momentum on both sides,
+``max_steps_per_turn = --steps``), schedules it, and waits until the job completed and
+the agent logged its ``turn done`` line.
+
+Measured, on the real agent process:
+
+1. peak resident memory: ``VmHWM`` of ``/proc/<pid>/status`` once the turn is done
+   (the kernel's high-water mark over the process's life: enrolment, data check and
+   the turn), next to the peak the agent logs itself (``ru_maxrss``); a thread also
+   samples ``VmRSS`` every ``--sample-ms`` (~50 ms), to show the resident memory while
+   idle before the turn and the turn's increase over it. The goal is under 1 GiB.
+2. per training step, the time waiting on the relay and the time computing, as the
+   agent logs them (``ClientReport.waiting_seconds`` and
+   ``total_seconds - waiting_seconds`` of the run, divided by its training steps). In
+   vanilla mode "waiting" holds the server's forward and backward (the worker's
+   compute) as well as the transfers and Redis; it also holds the handshake at the
+   start of the turn (the worker building its segment), spread over the steps.
+
+Every process runs ``--threads`` torch threads (2): ``OMP_NUM_THREADS`` and
+``MKL_NUM_THREADS`` in every child's environment, and ``torch.set_num_threads`` in the
+worker before Celery starts. At the end every process is stopped (SIGTERM, then
+SIGKILL), the Redis keys made here are deleted (the queue's, ``_kombu.binding.<queue>``,
+the hospital's streams and hand-offs) with the hospital's ACL user (``ACL DELUSER``),
+and the temporary folder is removed (``--keep`` keeps it, with every process's log).
+
+Nothing here asserts on time or memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GOAL_MIB = 1024.0
+KiB = 1024
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=25, help="the job's max_steps_per_turn")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    parser.add_argument("--model", default="densenet121")
+    parser.add_argument("--input-shape", default="1,64,64")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--samples", type=int, default=None, help="synthetic images (default: steps x batch)"
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        help="the agent's validation split (default 0: training steps only)",
+    )
+    parser.add_argument("--sample-ms", type=float, default=50.0, help="VmRSS sampling")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the turn")
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    return parser.parse_args(argv)
+
+
+def shape_of(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split(","))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- environment and processes ------------------------------------------------------------
+
+
+def configure(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, str]:
+    """Set this process's environment (read by the settings) and return the children's."""
+    database = os.environ.get("DATABASE_URL") or f"sqlite:///{folder / 'bench.sqlite3'}"
+    values = {
+        "DATABASE_URL": database,
+        "REDIS_URL": args.redis_url,
+        "CELERY_BROKER_URL": args.redis_url,
+        "MEDSPLIT_CELERY_QUEUE": f"medsplit-bench-agent-{tag}",
+        "MEDSPLIT_DATA_DIR": str(folder / "data"),
+        "MEDSPLIT_CHECKPOINT_DIR": str(folder / "checkpoints"),
+        "MEDSPLIT_REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
+        "MEDSPLIT_SWEEP_SECONDS": "1",
+        "MEDSPLIT_LOG_LEVEL": "INFO",
+        "DJANGO_SETTINGS_MODULE": "coordinator.settings",
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+    }
+    os.environ.update(values)
+    os.environ.pop("MEDSPLIT_WORKER_REDIS_URL", None)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "platform")])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def setup_django() -> None:
+    for path in (str(REPO / "platform"), str(REPO)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    logging.getLogger("medsplit").setLevel(logging.WARNING)
+    call_command("migrate", verbosity=0)
+
+
+# torch.set_num_threads before Celery (and the worker's torch work) starts.
+_WORKER_MAIN = (
+    "import sys, torch; torch.set_num_threads(int(sys.argv[1])); "
+    "from celery.__main__ import main; sys.argv = ['celery', *sys.argv[2:]]; sys.exit(main())"
+)
+
+
+@dataclass
+class Processes:
+    """The processes this script started, each logging to ``<folder>/<name>.log``, and
+    the slug of the hospital whose agent is one of them."""
+
+    folder: Path
+    env: dict[str, str]
+    slug: str
+    started: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> int:
+        with open(self.log_path(name), "ab") as out:
+            process = subprocess.Popen(
+                args,
+                cwd=REPO,
+                env=env or self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.started[name] = process
+        return process.pid
+
+    def log_path(self, name: str) -> Path:
+        return self.folder / f"{name}.log"
+
+    def text(self, name: str) -> str:
+        try:
+            return self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        for name, process in self.started.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited ({process.returncode})\n{self.tails()}")
+
+    def stop_all(self, wait: float = 15.0) -> None:
+        """Stop the agent first (it talks to the others), then the rest: SIGTERM, then
+        SIGKILL for whatever is still running after ``wait`` seconds."""
+        agent = [n for n in self.started if n == "agent"]
+        for group in (agent, [n for n in self.started if n != "agent"]):
+            for name in group:
+                if self.started[name].poll() is None:
+                    self.started[name].send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + wait
+            for name in group:
+                process = self.started[name]
+                try:
+                    process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log(f"{name} ignored SIGTERM; killing it")
+                    process.kill()
+                    process.wait()
+
+    def tails(self, chars: int = 3000) -> str:
+        return "\n".join(f"----- {n} -----\n{self.text(n)[-chars:]}" for n in self.started)
+
+
+def wait_until(what: str, predicate, timeout: float, processes: Processes) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processes.check_alive()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}\n{processes.tails()}")
+
+
+def answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except OSError:
+        return False
+    return True
+
+
+# -- memory of a process --------------------------------------------------------------------
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` of ``pid`` in bytes (empty once it is gone)."""
+    values = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    name, amount, _ = line.split()
+                    values[name.rstrip(":")] = int(amount) * KiB
+    except (OSError, ValueError):
+        return {}
+    return values
+
+
+class RssSampler(threading.Thread):
+    """Samples ``VmRSS`` of one process every ``interval`` seconds."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []  # (monotonic time, bytes)
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            rss = proc_status(self.pid).get("VmRSS")
+            if rss is not None:
+                self.samples.append((time.monotonic(), rss))
+            self.halt.wait(self.interval)
+
+    def between(self, start: float, end: float) -> list[int]:
+        return [rss for t, rss in self.samples if start <= t <= end]
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(5)
+
+
+# -- the coordinator's side -----------------------------------------------------------------
+
+
+def make_admin(tag: str):
+    from django.contrib.auth import get_user_model
+
+    from accounts.models import Membership
+    from coordinator.actors import Actor, ActorKind, Role
+
+    user = get_user_model().objects.create_user(username=f"bench-agent-{tag}", password=None)
+    Membership.objects.create(user=user, role=Role.CONSORTIUM_ADMIN.value)
+    return Actor(ActorKind.PERSON, user=user, role=Role.CONSORTIUM_ADMIN, source_ip="127.0.0.1")
+
+
+def default_cut(model: str) -> str:
+    from medsplit.models.registry import get_model_spec
+
+    return get_model_spec(model).default_cut
+
+
+def create_job(args: argparse.Namespace, admin, slug: str, tag: str):
+    from training import services
+
+    optimizer = {"name": "sgd", "lr": 0.01, "momentum": 0.9}
+    data = {
+        "name": f"bench-agent {tag}",
+        "model": args.model,
+        "num_classes": 2,
+        "mode": "vanilla",
+        "cuts": [default_cut(args.model)],
+        "client_optimizer": optimizer,
+        "server_optimizer": optimizer,
+        "batch_size": args.batch_size,
+        "local_epochs": 1,
+        "max_steps_per_turn": args.steps,
+        "rounds": 1,
+        "codec": "none",
+        "seed": uuid.uuid4().int % (2**31 - 1),
+        "on_failure": "fail",
+        "max_retries": 0,
+        "participants": [{"hospital": slug}],
+    }
+    return services.job_create(actor=admin, data=data)
+
+
+def job_state(job_id: int) -> str:
+    from training.models import Job
+    from training.states import JobState
+
+    job = Job.objects.get(pk=job_id)
+    if job.state in (JobState.FAILED, JobState.CANCELLED):
+        raise RuntimeError(f"job {job_id} is {job.state}: {job.state_reason}")
+    return job.state
+
+
+# -- the agent's log --------------------------------------------------------------------------
+
+# Not anchored to a line's start: the agent's progress bar (tqdm, "\r") shares its lines.
+_STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
+_MY_TURN = re.compile(
+    _STAMP + r"[^\r\n]*: my turn \((\d+) training steps, (\d+) validation batches\)", re.M
+)
+_DONE = re.compile(
+    _STAMP
+    + r"[^\r\n]*turn done: ([^\r\n]*); per step ([\d.]+) ms waiting on the relay, ([\d.]+) ms "
+    r"computing; peak memory ([\d.]+) MiB",
+    re.M,
+)
+
+
+def _stamp(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f")
+
+
+def parse_agent_log(text: str) -> dict[str, Any]:
+    done = _DONE.search(text)
+    turn = _MY_TURN.search(text)
+    if done is None or turn is None:
+        raise RuntimeError("the agent's log has no 'my turn' or 'turn done' line")
+    return {
+        "line": "turn done: " + done.group(0).split("turn done: ", 1)[1],
+        "metrics": done.group(2),
+        "wait_ms": float(done.group(3)),
+        "compute_ms": float(done.group(4)),
+        "peak_mib": float(done.group(5)),
+        "train_steps": int(turn.group(2)),
+        "val_batches": int(turn.group(3)),
+        "turn_wall_s": (_stamp(done.group(1)) - _stamp(turn.group(1))).total_seconds(),
+        "turn_began": _stamp(turn.group(1)),
+    }
+
+
+# -- Redis ----------------------------------------------------------------------------------
+
+
+def cleanup_redis(url: str, queue: str, slug: str | None) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    try:
+        patterns = [f"{queue}*"]
+        if slug:
+            patterns += [f"medsplit:*:{slug}:*", f"medsplit-handoff:*:{slug}:*"]
+        for pattern in patterns:
+            for key in client.scan_iter(match=pattern, count=1000):
+                deleted += client.delete(key)
+        deleted += client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        if slug:
+            client.execute_command("ACL", "DELUSER", f"hospital-{slug}")
+    finally:
+        client.close()
+    return deleted
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: str) -> dict:
+    from django.conf import settings
+
+    from hospitals import services as hospital_services
+    from hospitals.models import Hospital
+    from training.models import Turn
+    from training.states import JobState
+
+    shape = shape_of(args.input_shape)
+    samples = args.samples or args.steps * args.batch_size
+    admin = make_admin(tag)
+    slug = procs.slug
+    registration = hospital_services.hospital_register(
+        actor=admin, name=f"Bench agent {tag}", slug=slug
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    manage = str(REPO / "platform" / "manage.py")
+    procs.start(
+        "coordinator",
+        [sys.executable, manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+    )
+    queue = env["MEDSPLIT_CELERY_QUEUE"]
+    worker_pid = procs.start(
+        "worker",
+        [
+            sys.executable,
+            "-c",
+            _WORKER_MAIN,
+            str(args.threads),
+            "-A",
+            "workers.celery_app",
+            "worker",
+            "--pool=solo",
+            "-Q",
+            queue,
+            "-n",
+            f"bench-agent-{tag}@localhost",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "INFO",
+        ],
+    )
+    procs.start(
+        "beat",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.celery_app",
+            "beat",
+            "-s",
+            str(procs.folder / "beat-schedule"),
+            "--pidfile",
+            str(procs.folder / "beat.pid"),
+            "-l",
+            "INFO",
+        ],
+    )
+    wait_until("the coordinator to answer", lambda: answers(url + "/"), 120, procs)
+    log(f"coordinator at {url}")
+    agent_env = {
+        **env,
+        "MEDSPLIT_AGENT_COORDINATOR_URL": url,
+        "MEDSPLIT_AGENT_WORK_DIR": str(procs.folder / "agent"),
+        "MEDSPLIT_AGENT_ENROLMENT_CODE": registration.enrolment_code.plaintext,
+        "MEDSPLIT_AGENT_DATA_KIND": "synthetic",
+        "MEDSPLIT_AGENT_DATA_SAMPLES": str(samples),
+        "MEDSPLIT_AGENT_DATA_SHAPE": ",".join(map(str, shape)),
+        "MEDSPLIT_AGENT_DATA_NUM_CLASSES": "2",
+        "MEDSPLIT_AGENT_DATA_SEED": str(int(tag, 16) % 10_000),
+        "MEDSPLIT_AGENT_DATA_VAL_FRACTION": str(args.val_fraction),
+        "MEDSPLIT_AGENT_POLL_SECONDS": "1",
+        "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "1",
+        "MEDSPLIT_AGENT_REPLY_TIMEOUT": "300",
+    }
+    agent_pid = procs.start("agent", [sys.executable, "-m", "hospital_agent", "run"], agent_env)
+    sampler = RssSampler(agent_pid, args.sample_ms / 1000)
+    sampler.start()
+    wait_until(
+        "the agent to enrol and report its data",
+        lambda: (
+            Hospital.objects.filter(slug=slug, status=Hospital.Status.ENROLLED)
+            .exclude(dataset_summary={})
+            .exists()
+        ),
+        180,
+        procs,
+    )
+    log(f"agent (pid {agent_pid}) enrolled as {slug} and reported its data")
+    wait_until("the worker to be ready", lambda: " ready." in procs.text("worker"), 180, procs)
+    log("worker ready")
+    time.sleep(2.0)  # the agent's idle resident memory, after its first polls
+    idle_from = time.monotonic() - 1.5
+    job = create_job(args, admin, slug, tag)
+    scheduled, scheduled_at = time.monotonic(), datetime.now()
+    load_before = os.getloadavg()[0]
+    from training import services
+
+    services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin)
+    log(f"job {job.pk} scheduled ({args.model}, {args.steps} steps); waiting for the turn")
+    wait_until(
+        "the job to complete",
+        lambda: job_state(job.pk) == JobState.COMPLETED,
+        args.timeout,
+        procs,
+    )
+    wait_until("the agent's 'turn done' line", lambda: _DONE.search(procs.text("agent")), 60, procs)
+    ended = time.monotonic()
+    load_after = os.getloadavg()[0]
+    time.sleep(0.3)
+    status = proc_status(agent_pid)
+    worker_status = proc_status(worker_pid)
+    sampler.stop()
+    log(f"job {job.pk} completed")
+    agent = parse_agent_log(procs.text("agent"))
+    # From scheduling the job to the agent's "my turn": the worker's start of the turn
+    # (its segment built) and the agent's (data, model, snapshot) before any step.
+    agent["start_s"] = (agent.pop("turn_began") - scheduled_at).total_seconds()
+    turn = Turn.objects.get(job=job)
+    idle = sampler.between(idle_from, scheduled)
+    during = sampler.between(scheduled, ended)
+    return {
+        "command": shlex.join(sys.orig_argv),
+        "date": datetime.now().strftime("%Y-%m-%d"),
+        "torch": __import__("torch").__version__,
+        "python": platform.python_version(),
+        "threads": args.threads,
+        "database": settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1],
+        "model": args.model,
+        "cut": default_cut(args.model),
+        "input_shape": list(shape),
+        "batch_size": args.batch_size,
+        "samples": samples,
+        "val_fraction": args.val_fraction,
+        "max_steps_per_turn": args.steps,
+        "job": job.pk,
+        "turn_steps": turn.steps,
+        "bytes_per_step": (turn.bytes_up + turn.bytes_down) / max(turn.steps, 1),
+        "agent_pid": agent_pid,
+        "agent": agent,
+        "vm_hwm": status.get("VmHWM"),
+        "vm_rss_end": status.get("VmRSS"),
+        "rss_idle": max(idle) if idle else None,
+        "rss_peak_sampled": max(during) if during else None,
+        "rss_samples": len(during),
+        "sample_ms": args.sample_ms,
+        "worker_vm_hwm": worker_status.get("VmHWM"),
+        # Other work on the machine slows both sides of the turn: the 1-minute load
+        # average when the job was scheduled and when the turn was done.
+        "load_average": [load_before, load_after],
+        "cpus": os.cpu_count(),
+        "goal_mib": GOAL_MIB,
+        "goal_met": status.get("VmHWM", 1 << 62) / (1 << 20) < GOAL_MIB,
+    }
+
+
+def mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / (1 << 20):,.0f} MiB"
+
+
+def show(r: dict[str, Any]) -> None:
+    a = r["agent"]
+    print(f"command: {r['command']}")
+    print(
+        f"torch {r['torch']}, Python {r['python']}, {r['threads']} torch threads in every "
+        f"process, database {r['database']}; 1-minute load average "
+        f"{r['load_average'][0]:.2f} at scheduling, {r['load_average'][1]:.2f} at the end "
+        f"({r['cpus']} CPUs)"
+    )
+    print(
+        f"{r['model']} cut after {r['cut']}, input {'x'.join(map(str, r['input_shape']))}, "
+        f"batch {r['batch_size']}, codec none, vanilla; {r['samples']} synthetic images, "
+        f"validation fraction {r['val_fraction']:g}; max_steps_per_turn {r['max_steps_per_turn']}"
+    )
+    print(f"agent log: {a['line']}")
+    rows = [
+        ("training steps (agent / coordinator)", f"{a['train_steps']} / {r['turn_steps']}"),
+        ("validation batches", str(a["val_batches"])),
+        ("per step: waiting on the relay", f"{a['wait_ms']:.1f} ms"),
+        ("per step: computing", f"{a['compute_ms']:.1f} ms"),
+        (
+            "waiting share",
+            f"{100 * a['wait_ms'] / max(a['wait_ms'] + a['compute_ms'], 1e-9):.0f} %",
+        ),
+        ("turn wall time (agent log: my turn .. done)", f"{a['turn_wall_s']:.1f} s"),
+        ("job scheduled .. agent's 'my turn'", f"{a['start_s']:.1f} s"),
+        ("bytes on the relay per step", f"{r['bytes_per_step']:,.0f}"),
+        ("agent VmHWM at the end (/proc)", mib(r["vm_hwm"])),
+        ("agent peak, its own log (ru_maxrss)", f"{a['peak_mib']:,.0f} MiB"),
+        (f"agent VmRSS peak, sampled every ~{r['sample_ms']:g} ms", mib(r["rss_peak_sampled"])),
+        ("agent VmRSS idle before the turn", mib(r["rss_idle"])),
+        ("agent VmRSS after the turn", mib(r["vm_rss_end"])),
+        ("worker VmHWM (for reference)", mib(r["worker_vm_hwm"])),
+    ]
+    for name, value in rows:
+        print(f"  {name:<44} {value:>16}")
+    verdict = "met" if r["goal_met"] else "NOT met"
+    print(f"  peak under {r['goal_mib']:g} MiB (1 GiB): {verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tag = uuid.uuid4().hex[:10]
+    folder = Path(tempfile.mkdtemp(prefix=f"medsplit-bench-agent-{tag}-"))
+    env = configure(args, folder, tag)
+    procs = Processes(folder, env, slug=f"bench-agent-{tag}")
+    log(f"setting up in {folder} (queue {env['MEDSPLIT_CELERY_QUEUE']})")
+    result: dict[str, Any] = {}
+    try:
+        setup_django()
+        log("database migrated")
+        result = bench(args, env, procs, tag)
+    except BaseException:
+        log(f"failed; process logs:\n{procs.tails()}")
+        raise
+    finally:
+        log("stopping the processes")
+        procs.stop_all()
+        deleted = cleanup_redis(args.redis_url, env["MEDSPLIT_CELERY_QUEUE"], procs.slug)
+        log(f"deleted {deleted} Redis keys and the ACL user hospital-{procs.slug}")
+        if args.keep:
+            log(f"kept {folder}")
+        else:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        show(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
