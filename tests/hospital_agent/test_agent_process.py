@@ -3,10 +3,12 @@ message; local data it cannot use fails its turn with a reason naming the file."
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from PIL import Image
 
 from coordinator.actors import Actor
@@ -103,3 +105,29 @@ def test_unusable_data_fails_the_turn_naming_the_file_and_no_pixel(
     assert "40" not in turn.failure_reason.split(":", 1)[1], "no pixel value in the reason"
     job.refresh_from_db()
     assert job.state == JobState.FAILED
+
+
+def test_sigterm_stops_the_agent_cleanly_and_a_restart_reuses_its_identity(
+    processes: Processes, consortium: str, tmp_path: Path, admin_actor: Actor
+) -> None:
+    registration = hospital_services.hospital_register(actor=admin_actor, name="Calm Clinic")
+    hospital = registration.hospital
+    code = registration.enrolment_code.plaintext
+    agent = start(processes, consortium, tmp_path, code, kind="synthetic", samples="40")
+    wait_until("the agent to enrol", lambda: enrolled(hospital), 60, processes)
+    key = hospital.public_key
+    agent.send_signal(signal.SIGTERM)
+    wait_until("the agent to stop", lambda: agent.poll() is not None, 30, processes)
+    assert agent.returncode == 0
+    assert "stopped" in (processes.folder / "agent.log").read_text()
+    # Started again (the used code still in its environment): no second enrolment.
+    restarted = timezone.now()
+    again = start(processes, consortium, tmp_path, code, kind="synthetic", samples="40")
+
+    def fresh_heartbeat() -> bool:
+        hospital.refresh_from_db()
+        return again.poll() is None and hospital.last_seen_at > restarted
+
+    wait_until("a heartbeat from the restarted agent", fresh_heartbeat, 30, processes)
+    assert hospital.public_key == key
+    assert (processes.folder / "agent.log").read_text().count("enrolled as") == 1
