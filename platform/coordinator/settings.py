@@ -64,7 +64,7 @@ WSGI_APPLICATION = "coordinator.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR.parent / "frontend" / "src"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -113,6 +113,13 @@ STATIC_ROOT = DATA_DIR / "static"
 # Without `collectstatic`, files are served straight from the apps (fine for a small
 # coordinator); after it, from STATIC_ROOT.
 WHITENOISE_USE_FINDERS = True
+# The dashboard (frontend/): its own scripts and styles, and the pinned third-party ones
+# `npm ci && npm run build` copies into frontend/vendor/.
+FRONTEND_DIR = BASE_DIR.parent / "frontend"
+STATICFILES_DIRS = [
+    ("dashboard", FRONTEND_DIR / "src"),
+    ("dashboard/vendor", FRONTEND_DIR / "vendor"),
+]
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns at start when it is missing
 
 SESSION_COOKIE_HTTPONLY = True

@@ -1,0 +1,643 @@
+// A new job (consortium admins): POST /api/jobs/ with the fields of
+// training.validation.JobInput; the server checks everything and answers 400 with
+// details per field, which are shown beside the field of the same name.
+//
+// Reads: GET /api/models/ (the registry), GET /api/hospitals/?status=enrolled (who may
+// take part, with the shape of the data they reported) and
+// GET /api/models/<name>/cuts/?input_shape=c,h,w (the cut table at the participants'
+// shape). "Create and schedule" also POSTs /api/jobs/<id>/schedule/.
+
+import { api, apiAll } from "../api.js";
+import { isConsortiumAdmin } from "../app.js";
+import { badge, bytes, el, field, showErrors, toast } from "../ui.js";
+
+const MODES = [
+  ["vanilla", "vanilla"],
+  ["ushaped", "ushaped"],
+];
+const MODE_HELP = {
+  vanilla: "the hospital keeps the first layers; the server the rest and the labels",
+  ushaped: "the hospital also keeps the last layers and the labels (two cuts)",
+};
+const CODECS = [
+  ["none", "none (float32)"],
+  ["fp16", "fp16"],
+  ["bf16", "bf16"],
+  ["int8", "int8"],
+];
+const ON_FAILURE = [
+  ["retry", "retry the turn (up to the retries below), then fail the job"],
+  ["skip", "skip the turn and go on with the next hospital"],
+  ["fail", "fail the job at once"],
+];
+const OPTIMIZERS = ["sgd", "adam", "adamw"];
+
+const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
+const whole = new Intl.NumberFormat();
+
+
+
+/** A fieldset that receives the API's errors for ``name`` (its error line comes first). */
+function group(name, legend, ...children) {
+  return el(
+    "fieldset",
+    { class: "field", "data-field": name, "aria-describedby": `${name}-error` },
+    el("legend", {}, legend),
+    el("p", { class: "field-error", id: `${name}-error`, role: "alert" }),
+    ...children,
+  );
+}
+
+/** A plain fieldset (its fields carry their own errors). */
+function section(legend, ...children) {
+  return el("fieldset", {}, el("legend", {}, legend), ...children);
+}
+
+function numberInput(name, value, { min, max, step = "1", placeholder } = {}) {
+  return el("input", {
+    name,
+    type: "number",
+    inputmode: step === "1" ? "numeric" : "decimal",
+    min,
+    max,
+    step,
+    value: value ?? "",
+    placeholder,
+  });
+}
+
+function select(name, options, value) {
+  return el(
+    "select",
+    { name },
+    options.map(([v, label]) => el("option", { value: v, selected: v === value }, label)),
+  );
+}
+
+/** The number typed in ``input``: ``undefined`` when blank, the text itself when not a
+ * number (so the server names the problem beside the field). */
+function numberOf(input) {
+  const text = input.value.trim();
+  if (text === "") return input.validity?.badInput ? input.value : undefined;
+  const value = Number(text);
+  return Number.isFinite(value) ? value : text;
+}
+
+/** The shape every chosen hospital reported, or why there is none. */
+function commonShape(chosen) {
+  const shapes = chosen
+    .map((h) => [h, h.dataset_summary?.image_shape])
+    .filter(([, shape]) => Array.isArray(shape));
+  if (!shapes.length) return { shape: null, problem: null };
+  const keys = new Set(shapes.map(([, shape]) => shape.join(",")));
+  if (keys.size > 1) {
+    const listed = shapes.map(([h, shape]) => `${h.slug} [${shape.join(", ")}]`).join(", ");
+    return { shape: shapes[0][1], problem: `The hospitals report different image shapes: ${listed}.` };
+  }
+  return { shape: shapes[0][1], problem: null };
+}
+
+/** The fewest classes that cover every label the hospitals reported (as the server counts). */
+function classesNeeded(chosen) {
+  const labels = new Set();
+  for (const h of chosen) for (const label of Object.keys(h.dataset_summary?.label_counts || {})) labels.add(label);
+  let needed = labels.size;
+  const numeric = [...labels].filter((l) => /^\d+$/.test(l)).map(Number);
+  if (numeric.length) needed = Math.max(needed, Math.max(...numeric) + 1);
+  return needed;
+}
+
+function optimizerGroup(side, title, defaults) {
+  const prefix = side === "client_optimizer" ? "client" : "server";
+  const name = select(`${prefix}_opt_name`, OPTIMIZERS.map((o) => [o, o]), defaults.name);
+  const lr = numberInput(`${prefix}_opt_lr`, defaults.lr, { min: "0", step: "any" });
+  const momentum = numberInput(`${prefix}_opt_momentum`, defaults.momentum, {
+    min: "0",
+    max: "0.999",
+    step: "any",
+  });
+  const weightDecay = numberInput(`${prefix}_opt_weight_decay`, defaults.weight_decay, {
+    min: "0",
+    step: "any",
+  });
+  const momentumField = field("Momentum", momentum, "SGD only, in [0, 1)");
+  const sync = () => {
+    const sgd = name.value === "sgd";
+    momentum.disabled = !sgd;
+    momentumField.hidden = !sgd;
+  };
+  name.addEventListener("change", sync);
+  sync();
+  const node = group(
+    side,
+    title,
+    el(
+      "div",
+      { class: "row" },
+      field("Optimizer", name),
+      field("Learning rate", lr, "> 0"),
+      momentumField,
+      field("Weight decay", weightDecay, ">= 0"),
+    ),
+  );
+  const value = () => {
+    const config = { name: name.value };
+    const rate = numberOf(lr);
+    if (rate !== undefined) config.lr = rate;
+    if (name.value === "sgd") {
+      const m = numberOf(momentum);
+      if (m !== undefined) config.momentum = m;
+    }
+    const wd = numberOf(weightDecay);
+    if (wd !== undefined) config.weight_decay = wd;
+    return config;
+  };
+  return { node, value };
+}
+
+export async function render(root) {
+  root.append(el("h1", {}, "New job"));
+  if (!isConsortiumAdmin()) {
+    root.append(
+      el("p", {}, "Only consortium admins can create jobs. "),
+      el("p", {}, el("a", { href: "#/jobs" }, "Back to the jobs")),
+    );
+    return null;
+  }
+
+  const [models, hospitalsRaw] = await Promise.all([
+    api("models/"),
+    apiAll("hospitals/", { status: "enrolled", page_size: 500 }),
+  ]);
+  const hospitals = (hospitalsRaw || []).filter((h) => h.status === "enrolled");
+  const bySlug = new Map(hospitals.map((h) => [h.slug, h]));
+
+  // -- the fields --------------------------------------------------------------------
+  const name = el("input", { name: "name", maxlength: "200", placeholder: "e.g. pneumonia, round robin" });
+  const model = el(
+    "select",
+    { name: "model", required: true },
+    models.map((m) => el("option", { value: m.name }, m.name)),
+  );
+  const modelHelp = el("p", { class: "help" });
+  const mode = select("mode", MODES, "vanilla");
+  const modeHelp = el("p", { class: "help", "aria-live": "polite" }, MODE_HELP.vanilla);
+  const numClasses = numberInput("num_classes", 2, { min: "2", max: "10000" });
+  let numClassesTouched = false;
+  numClasses.addEventListener("input", () => {
+    numClassesTouched = true;
+  });
+
+  // Participants: a checkbox per enrolled hospital; the chosen ones take turns in the
+  // order of the list, which the up/down buttons change.
+  const order = hospitals.map((h) => h.slug);
+  const chosen = new Set();
+  const participantList = el("ol", { class: "participants", "aria-label": "Enrolled hospitals, in turn order" });
+  const participantStatus = el("p", { class: "help", "aria-live": "polite" });
+  const participants = group(
+    "participants",
+    "Participating hospitals and their order",
+    el(
+      "p",
+      { class: "help" },
+      "Tick the hospitals that take part; they train in turn from the top of the list. " +
+        "Move a hospital with its ↑ and ↓ buttons.",
+    ),
+    hospitals.length
+      ? participantList
+      : el("p", { class: "warn" }, "No hospital is enrolled yet: enrol hospitals before creating a job."),
+    participantStatus,
+  );
+
+  const shapeOut = el("output", { id: "job-input-shape", "aria-live": "polite" }, "–");
+  const shapeNote = el("p", { class: "help", "aria-live": "polite" });
+  const shapeBox = el(
+    "div",
+    { class: "field", "data-field": "input_shape" },
+    el("span", { style: "display:block;font-weight:600;margin-bottom:.2rem", id: "job-input-shape-label" }, "Input shape"),
+    shapeOut,
+    shapeNote,
+    el("p", { class: "field-error", role: "alert" }),
+  );
+  shapeOut.setAttribute("aria-labelledby", "job-input-shape-label");
+
+  const cutTableBox = el("div", { class: "cut-table" }, el("p", { class: "muted" }, "Choose a model."));
+  const cutHelp = el("p", { class: "help", id: "cuts-help" });
+  const cuts = group("cuts", "Cut point", cutHelp, cutTableBox);
+
+  const client = optimizerGroup("client_optimizer", "Client optimizer (at the hospitals)", {
+    name: "sgd",
+    lr: 0.05,
+    momentum: 0.9,
+    weight_decay: 0,
+  });
+  const server = optimizerGroup("server_optimizer", "Server optimizer (at the coordinator)", {
+    name: "adam",
+    lr: 0.001,
+    momentum: 0,
+    weight_decay: 0,
+  });
+
+  const batchSize = numberInput("batch_size", 32, { min: "1", max: "4096" });
+  const localEpochs = numberInput("local_epochs", 1, { min: "1", max: "100" });
+  const maxSteps = numberInput("max_steps_per_turn", "", { min: "1", max: "1000000", placeholder: "no limit" });
+  const rounds = numberInput("rounds", 1, { min: "1", max: "1000" });
+  const codec = select("codec", CODECS, "none");
+  const seed = numberInput("seed", 0, { min: "0", max: String(2 ** 31 - 1) });
+  const onFailure = select("on_failure", ON_FAILURE, "retry");
+  const maxRetries = numberInput("max_retries", 2, { min: "0", max: "10" });
+  const syncRetries = () => {
+    maxRetries.disabled = onFailure.value !== "retry";
+  };
+  onFailure.addEventListener("change", syncRetries);
+  syncRetries();
+
+  const createButton = el("button", { type: "submit", "data-testid": "create-job", value: "create" }, "Create job");
+  const scheduleButton = el(
+    "button",
+    { type: "submit", class: "secondary", "data-testid": "create-and-schedule", value: "schedule" },
+    "Create and schedule",
+  );
+  const formError = el("p", { class: "form-error", role: "alert", tabindex: "-1" });
+
+  const form = el(
+    "form",
+    { class: "job-form", novalidate: true, "data-testid": "job-form", "aria-label": "New job" },
+    section(
+      "Job",
+      el(
+        "div",
+        { class: "row" },
+        field("Name", name, "optional; shown in lists"),
+        el("div", {}, field("Model", model), modelHelp),
+        el("div", {}, field("Mode", mode), modeHelp),
+        field("Number of classes", numClasses, "at least the labels the hospitals report"),
+      ),
+    ),
+    participants,
+    shapeBox,
+    cuts,
+    client.node,
+    server.node,
+    section(
+      "Training",
+      el(
+        "div",
+        { class: "row" },
+        field("Batch size", batchSize, "1 to 4096"),
+        field("Local epochs", localEpochs, "passes over a hospital's data per turn, 1 to 100"),
+        field("Max steps per turn", maxSteps, "blank: no limit"),
+        field("Rounds", rounds, "every hospital takes one turn per round, 1 to 1000"),
+        field("Codec", codec, "how activations and gradients cross the network"),
+        field("Seed", seed, "0 to 2147483647"),
+      ),
+    ),
+    section(
+      "When a turn fails",
+      el(
+        "div",
+        { class: "row" },
+        field("Policy", onFailure),
+        field("Max retries", maxRetries, "0 to 10, for the retry policy"),
+      ),
+    ),
+    formError,
+    el("div", { class: "actions" }, createButton, scheduleButton, el("a", { href: "#/jobs" }, "Cancel")),
+  );
+  root.append(form);
+
+  // -- participants ------------------------------------------------------------------
+  function chosenHospitals() {
+    return order.filter((slug) => chosen.has(slug)).map((slug) => bySlug.get(slug));
+  }
+
+  function move(slug, delta, focusClass) {
+    const index = order.indexOf(slug);
+    const target = index + delta;
+    if (target < 0 || target >= order.length) return;
+    [order[index], order[target]] = [order[target], order[index]];
+    drawParticipants();
+    // Keep the keyboard where it was: on the same button of the moved hospital.
+    const again = participantList.querySelector(`li[data-slug="${slug}"] .${focusClass}`);
+    (again && !again.disabled ? again : participantList.querySelector(`li[data-slug="${slug}"] input`))?.focus();
+    const h = bySlug.get(slug);
+    participantStatus.textContent = `${h.name} moved to place ${order.indexOf(slug) + 1} of the list.`;
+  }
+
+  function drawParticipants() {
+    const turnOf = new Map(chosenHospitals().map((h, i) => [h.slug, i + 1]));
+    participantList.replaceChildren(
+      ...order.map((slug, index) => {
+        const h = bySlug.get(slug);
+        const summary = h.dataset_summary;
+        const shape = summary?.image_shape;
+        const train = summary?.split_sizes?.train;
+        const box = el("input", {
+          type: "checkbox",
+          name: "participant",
+          value: slug,
+          checked: chosen.has(slug),
+          "data-testid": `participant-${slug}`,
+          onchange: (event) => {
+            if (event.target.checked) chosen.add(slug);
+            else chosen.delete(slug);
+            drawParticipants();
+            participantList.querySelector(`li[data-slug="${slug}"] input`)?.focus();
+            participantsChanged();
+          },
+        });
+        return el(
+          "li",
+          { "data-slug": slug, class: chosen.has(slug) ? "chosen" : null },
+          el("span", { class: "order" }, turnOf.has(slug) ? `turn ${turnOf.get(slug)}` : "—"),
+          el(
+            "label",
+            {},
+            box,
+            el("span", {}, el("strong", {}, h.name), " ", el("span", { class: "muted" }, `(${slug})`)),
+          ),
+          el(
+            "span",
+            { class: "muted" },
+            shape ? `[${shape.join(", ")}]` : el("span", { class: "warn" }, "no data reported yet"),
+            train !== undefined ? ` · ${whole.format(train)} training samples` : "",
+          ),
+          h.online ? badge("online") : badge("offline"),
+          el(
+            "span",
+            { class: "order-buttons actions" },
+            el(
+              "button",
+              {
+                type: "button",
+                class: "secondary up",
+                "aria-label": `Move ${h.name} up`,
+                title: "Move up",
+                disabled: index === 0,
+                onclick: () => move(slug, -1, "up"),
+              },
+              "↑",
+            ),
+            el(
+              "button",
+              {
+                type: "button",
+                class: "secondary down",
+                "aria-label": `Move ${h.name} down`,
+                title: "Move down",
+                disabled: index === order.length - 1,
+                onclick: () => move(slug, 1, "down"),
+              },
+              "↓",
+            ),
+          ),
+        );
+      }),
+    );
+  }
+
+  function participantsChanged() {
+    const list = chosenHospitals();
+    if (!numClassesTouched && list.length) numClasses.value = String(Math.max(2, classesNeeded(list)));
+    refreshShape();
+  }
+
+  // -- input shape and cut table -----------------------------------------------------
+  let shapeKey = "";
+  let cutRows = [];
+  const selectedCuts = { vanilla: [], ushaped: [] };
+  let cutRequest = 0;
+  const cutCache = new Map();
+
+  function currentModel() {
+    return models.find((m) => m.name === model.value);
+  }
+
+  function refreshShape() {
+    const spec = currentModel();
+    const { shape, problem } = commonShape(chosenHospitals());
+    let use = shape;
+    if (shape) {
+      shapeNote.textContent = problem || "As the chosen hospitals report their data.";
+      shapeNote.className = problem ? "help warn" : "help";
+    } else {
+      use = spec?.default_input_shape || null;
+      shapeNote.className = "help";
+      shapeNote.textContent = chosenHospitals().length
+        ? "The chosen hospitals have not reported their data yet; showing the model's default shape."
+        : "Choose hospitals to use the shape of their data; until then, the model's default.";
+    }
+    shapeOut.textContent = use ? `[${use.join(", ")}]` : "–";
+    const key = `${spec?.name || ""}|${use ? use.join(",") : ""}`;
+    if (key !== shapeKey) {
+      shapeKey = key;
+      loadCuts(spec, use);
+    }
+  }
+
+  async function loadCuts(spec, shape) {
+    if (!spec) return;
+    const ask = ++cutRequest;
+    const key = `${spec.name}|${shape ? shape.join(",") : ""}`;
+    cutTableBox.replaceChildren(el("p", { class: "muted" }, "Loading the cut table…"));
+    cutTableBox.setAttribute("aria-busy", "true");
+    let answer = cutCache.get(key);
+    try {
+      if (!answer) {
+        answer = await api(`models/${encodeURIComponent(spec.name)}/cuts/`, {
+          query: { input_shape: shape ? shape.join(",") : undefined },
+        });
+        cutCache.set(key, answer);
+      }
+    } catch (error) {
+      if (ask !== cutRequest) return;
+      cutRows = [];
+      const why = Object.values(error.details || {}).flat().join(" ");
+      cutTableBox.replaceChildren(
+        el("p", { class: "warn", role: "alert" }, `${error.message}${why ? `: ${why}` : ""}`),
+      );
+      cutTableBox.setAttribute("aria-busy", "false");
+      return;
+    }
+    if (ask !== cutRequest) return;
+    cutTableBox.setAttribute("aria-busy", "false");
+    cutRows = answer.cuts || [];
+    const names = new Set(cutRows.map((r) => r.name));
+    // Keep choices that still exist; otherwise start from the model's defaults.
+    selectedCuts.vanilla = selectedCuts.vanilla.filter((c) => names.has(c));
+    if (!selectedCuts.vanilla.length && names.has(spec.default_cut)) selectedCuts.vanilla = [spec.default_cut];
+    selectedCuts.ushaped = selectedCuts.ushaped.filter((c) => names.has(c));
+    if (!selectedCuts.ushaped.length) {
+      selectedCuts.ushaped = (spec.default_ushaped_cuts || []).filter((c) => names.has(c));
+    }
+    drawCuts();
+  }
+
+  function drawCuts() {
+    const ushaped = mode.value === "ushaped";
+    const picked = selectedCuts[mode.value] || [];
+    cutHelp.textContent = ushaped
+      ? "U-shaped: tick two cuts. The hospital runs the layers before the first and after the " +
+        "second; the server runs those between."
+      : "Vanilla: choose one cut. The hospital runs the layers up to it; the server the rest.";
+    if (!cutRows.length) {
+      if (!cutTableBox.querySelector(".warn, .muted")) {
+        cutTableBox.replaceChildren(el("p", { class: "muted" }, "This model has no cut points."));
+      }
+      return;
+    }
+    const head = el(
+      "tr",
+      {},
+      el("th", { scope: "col" }, ushaped ? "Use (two)" : "Use"),
+      el("th", { scope: "col" }, "Cut after"),
+      el("th", { scope: "col", class: "num" }, "Client parameters"),
+      el("th", { scope: "col", class: "num" }, "Client FLOPs / sample"),
+      el("th", { scope: "col" }, "Crossing tensors"),
+      el("th", { scope: "col", class: "num" }, "Values / sample"),
+      el("th", { scope: "col", class: "num" }, "Bytes / sample"),
+    );
+    const body = cutRows.map((row) => {
+      const id = `cut-${row.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+      const input = el("input", {
+        type: ushaped ? "checkbox" : "radio",
+        name: "cuts",
+        value: row.name,
+        id,
+        checked: picked.includes(row.name),
+        "data-testid": `cut-${row.name}`,
+        "aria-describedby": "cuts-help",
+        onchange: (event) => {
+          if (ushaped) {
+            let list = selectedCuts.ushaped.filter((c) => c !== row.name);
+            if (event.target.checked) list.push(row.name);
+            // At most two: a third tick replaces the oldest choice.
+            if (list.length > 2) list = list.slice(-2);
+            selectedCuts.ushaped = list;
+          } else {
+            selectedCuts.vanilla = [row.name];
+          }
+          const focusId = event.target.id;
+          drawCuts();
+          document.getElementById(focusId)?.focus();
+        },
+      });
+      const crossing = (row.crossing || [])
+        .map((t) => `${t.name}: [${t.shape.join(", ")}] ${t.dtype}`)
+        .join("; ");
+      return el(
+        "tr",
+        { class: picked.includes(row.name) ? "chosen" : null },
+        el("td", {}, input),
+        el("td", {}, el("label", { for: id }, el("code", {}, row.name))),
+        el(
+          "td",
+          { class: "num" },
+          compact.format(row.client_params),
+          el("span", { class: "muted" }, ` (${(row.client_param_share * 100).toFixed(1)} %)`),
+        ),
+        el("td", { class: "num" }, compact.format(row.client_flops_per_sample)),
+        el("td", {}, crossing || "–"),
+        el("td", { class: "num" }, whole.format(row.values_per_sample)),
+        el("td", { class: "num" }, bytes(row.bytes_per_sample)),
+      );
+    });
+    cutTableBox.replaceChildren(
+      el(
+        "table",
+        {},
+        el("caption", { class: "muted" }, `Cut table of ${model.value} at ${shapeOut.textContent}`),
+        el("thead", {}, head),
+        el("tbody", {}, body),
+      ),
+    );
+  }
+
+  function chosenCuts() {
+    const picked = selectedCuts[mode.value] || [];
+    // In the order of the model (the table's order), whatever order they were ticked in.
+    const rank = new Map(cutRows.map((r, i) => [r.name, i]));
+    return [...picked].sort((a, b) => (rank.get(a) ?? 0) - (rank.get(b) ?? 0));
+  }
+
+  model.addEventListener("change", () => {
+    const spec = currentModel();
+    modelHelp.textContent = spec?.description || "";
+    selectedCuts.vanilla = [];
+    selectedCuts.ushaped = [];
+    refreshShape();
+  });
+  mode.addEventListener("change", () => {
+    modeHelp.textContent = MODE_HELP[mode.value] || "";
+    drawCuts();
+  });
+
+  // -- submit ------------------------------------------------------------------------
+  function body() {
+    const data = {
+      name: name.value.trim(),
+      model: model.value,
+      mode: mode.value,
+      num_classes: numberOf(numClasses),
+      cuts: chosenCuts(),
+      participants: chosenHospitals().map((h) => ({ hospital: h.slug })),
+      client_optimizer: client.value(),
+      server_optimizer: server.value(),
+      batch_size: numberOf(batchSize),
+      local_epochs: numberOf(localEpochs),
+      max_steps_per_turn: numberOf(maxSteps) ?? null,
+      rounds: numberOf(rounds),
+      codec: codec.value,
+      seed: numberOf(seed),
+      on_failure: onFailure.value,
+    };
+    if (onFailure.value === "retry") data.max_retries = numberOf(maxRetries);
+    // Blank numbers take the server's defaults (except num_classes, which is required).
+    for (const key of Object.keys(data)) if (data[key] === undefined && key !== "num_classes") delete data[key];
+    if (data.num_classes === undefined) data.num_classes = null;
+    return data;
+  }
+
+  let busy = false;
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (busy) return;
+    const schedule = event.submitter?.value === "schedule";
+    busy = true;
+    createButton.disabled = true;
+    scheduleButton.disabled = true;
+    const label = (event.submitter || createButton).textContent;
+    (event.submitter || createButton).textContent = "Checking…";
+    let job;
+    try {
+      job = await api("jobs/", { method: "POST", body: body() });
+    } catch (error) {
+      showErrors(form, error);
+      // Take the keyboard to the first problem.
+      const first = form.querySelector('[aria-invalid="true"]');
+      (first || formError).focus();
+      busy = false;
+      createButton.disabled = false;
+      scheduleButton.disabled = false;
+      (event.submitter || createButton).textContent = label;
+      return;
+    }
+    if (schedule) {
+      try {
+        await api(`jobs/${job.id}/schedule/`, { method: "POST", body: {} });
+        toast(`Job ${job.id} created and scheduled.`);
+      } catch (error) {
+        toast(`Job ${job.id} was created as a draft but not scheduled: ${error.message}`);
+      }
+    } else {
+      toast(`Job ${job.id} created as a draft.`);
+    }
+    window.location.hash = `#/jobs/${job.id}`;
+  });
+
+  drawParticipants();
+  modelHelp.textContent = currentModel()?.description || "";
+  refreshShape();
+  name.focus();
+  return null;
+}

@@ -1,0 +1,107 @@
+"""Browser tests of the dashboard: Playwright driving Debian's Chromium, headless,
+against the coordinator as a live server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.platform_apps.conftest import (
+    PASSWORD,
+    _fast_passwords,
+    _flushable_audit_log,
+    admin_actor,
+    consortium_admin,
+    hospital_a,
+    hospital_admin,
+    hospital_b,
+)
+from tests.platform_apps.training.conftest import (
+    hospital_c,
+    job_data,
+    make_job,
+    three_hospitals,
+)
+from tests.redis_server import redis_url
+
+__all__ = [
+    "_fast_passwords",
+    "_flushable_audit_log",
+    "admin_actor",
+    "consortium_admin",
+    "hospital_a",
+    "hospital_admin",
+    "hospital_b",
+    "hospital_c",
+    "job_data",
+    "make_job",
+    "redis_url",
+    "three_hospitals",
+]
+
+# Playwright's synchronous API runs an event loop in this thread; the test's own ORM
+# calls are still synchronous, so Django may allow them.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = os.environ.get("MEDSPLIT_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+VENDOR = Path(__file__).resolve().parents[2] / "frontend" / "vendor" / "chart.umd.min.js"
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists() and not shutil.which(CHROMIUM):
+        pytest.skip(
+            f"no Chromium at {CHROMIUM} (install Debian's chromium or set MEDSPLIT_CHROMIUM)"
+        )
+    if not VENDOR.exists():
+        pytest.skip("the dashboard's scripts are not built: cd frontend && npm ci && npm run build")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def open_page(browser, live_server) -> Iterator[Callable[..., object]]:
+    """A fresh browser context per person, at a laptop's width. Every request the pages
+    make is recorded: nothing may go anywhere but the coordinator (no CDN)."""
+    contexts = []
+    requested: list[str] = []
+
+    def make() -> object:
+        context = browser.new_context(
+            base_url=live_server.url, viewport={"width": 1280, "height": 860}
+        )
+        context.set_default_timeout(15_000)
+        context.on("request", lambda request: requested.append(request.url))
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+    elsewhere = [url for url in requested if not url.startswith((live_server.url, "data:"))]
+    assert not elsewhere, f"the dashboard fetched from outside the coordinator: {elsewhere[:5]}"
+    assert any("/static/dashboard/vendor/chart.umd.min.js" in url for url in requested) or not (
+        requested
+    )
+
+
+def sign_in(page, username: str, password: str = PASSWORD) -> None:
+    page.goto("/#/sign-in")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_selector("#nav a")
+
+
+def screenshot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)

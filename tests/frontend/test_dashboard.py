@@ -1,0 +1,173 @@
+"""The dashboard in a real browser (Playwright + Chromium, headless) against the live
+coordinator: sign in, register and approve hospitals, create a job, watch a running job's
+progress change, filter the audit log, and roles. Each page is saved to docs/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from audit.models import AuditEvent
+from coordinator.actors import Actor
+from hospitals import services as hospital_services
+from medsplit.training.verify import deterministic
+from tests.frontend.conftest import screenshot, sign_in
+from tests.workers.hospitals import Hospitals, local_data
+from tests.workers.processes import Processes, processes, wait_until
+from training import services
+from training.models import Job
+from training.states import JobState
+
+__all__ = ["processes"]
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_sign_in_shows_the_overview_and_a_wrong_password_says_so(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    page = open_page()
+    page.goto("/")
+    page.wait_for_url(re.compile(r"#/sign-in$"))
+    page.get_by_label("Username").fill(consortium_admin.username)
+    page.get_by_label("Password").fill("not the password")
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("alert").filter(has_text=re.compile("password|credentials", re.I)).wait_for()
+    sign_in(page, consortium_admin.username)
+    page.get_by_role("heading", level=1).first.wait_for()
+    for hospital in three_hospitals:
+        page.get_by_text(hospital.name).first.wait_for()
+    screenshot(page, "overview")
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url(re.compile(r"#/sign-in$"))
+
+
+def test_register_a_hospital_and_approve_a_join_request(open_page, consortium_admin) -> None:
+    requested = hospital_services.hospital_join_request(
+        name=f"Riverside {uuid.uuid4().hex[:4]}", contact_email="it@riverside.example"
+    )
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto("/#/hospitals")
+    form = page.get_by_test_id("register-form")
+    form.get_by_label("Name").fill("Lakeside Hospital")
+    form.get_by_role("button").click()
+    code = page.get_by_test_id("enrolment-code")
+    code.wait_for()
+    assert re.search(r"msc_\w+", code.inner_text())
+    page.get_by_test_id(f"approve-{requested.slug}").click()
+    shown = page.get_by_role("region", name="Enrolment code").filter(has_text=requested.name)
+    assert "msc_" in shown.get_by_test_id("enrolment-code").inner_text()
+    wait_until("the approval to be stored", lambda: _status(requested) == "approved", 10)
+    page.goto("/#/hospitals")
+    page.get_by_test_id(f"hospital-row-{requested.slug}").wait_for()
+    screenshot(page, "hospitals")
+
+
+def _status(hospital) -> str:
+    hospital.refresh_from_db()
+    return hospital.status
+
+
+def test_create_a_job_from_the_form(open_page, consortium_admin, three_hospitals) -> None:
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto("/#/jobs/new")
+    form = page.get_by_test_id("job-form")
+    form.wait_for()
+    model = form.get_by_label(re.compile("^Model", re.I))
+    model.select_option("small_cnn")
+    for hospital in three_hospitals:
+        page.get_by_test_id(f"participant-{hospital.slug}").check()
+    page.get_by_test_id("cut-pool1").check()
+    # The turn order is the order of the participants' rows (moved with their buttons).
+    shown = page.locator("[data-testid^='participant-']").evaluate_all(
+        "nodes => nodes.map(n => n.dataset.testid.slice('participant-'.length))"
+    )
+    screenshot(page, "new-job")
+    page.get_by_test_id("create-job").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+    job = Job.objects.get(pk=job_id)
+    assert job.model_name == "small_cnn" and job.cuts == ["pool1"]
+    order = [p.hospital.slug for p in job.participants.order_by("position")]
+    assert order == [slug for slug in shown if slug in order]
+    assert set(order) == {h.slug for h in three_hospitals}
+
+
+def test_the_job_page_follows_a_running_job(
+    open_page, processes: Processes, redis_url: str, consortium_admin, admin_actor: Actor, make_job
+) -> None:
+    processes.celery_worker("worker")
+    processes.celery_beat()
+    job = make_job(seed=uuid.uuid4().int % 1000, rounds=2, max_steps_per_turn=40, batch_size=8)
+    job = services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto(f"/#/jobs/{job.pk}")
+    steps = page.get_by_test_id("job-steps")
+    with deterministic():
+        hospitals = Hospitals(job, redis_url, local_data(job, 8 * 40), local_data(job, 16)).start()
+        seen = set()
+
+        def moving() -> bool:
+            text = steps.inner_text()
+            if text.strip().isdigit():
+                seen.add(int(text))
+            return len(seen) >= 3
+
+        wait_until("the job page to show progress changing", moving, 120, processes)
+        screenshot(page, "job")
+        page.get_by_test_id("pause").click()
+        page.get_by_test_id("job-state").filter(has_text="paused").wait_for()
+        page.get_by_test_id("resume").click()
+        page.get_by_test_id("job-state").filter(has_text=re.compile("running|completed")).wait_for()
+        wait_until("the job to complete", lambda: _done(job), 240, processes)
+        page.get_by_test_id("job-state").filter(has_text="completed").wait_for(timeout=30_000)
+        hospitals.join(60)
+    assert AuditEvent.objects.filter(job_id=job.pk, action="job.paused").exists()
+
+
+def _done(job: Job) -> bool:
+    job.refresh_from_db()
+    assert job.state not in (JobState.FAILED, JobState.CANCELLED), job.state_reason
+    return job.state == JobState.COMPLETED
+
+
+def test_filter_the_audit_log(open_page, consortium_admin, three_hospitals, make_job) -> None:
+    make_job()
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto("/#/audit")
+    page.get_by_test_id("chain-status").filter(has_text=re.compile("verif", re.I)).wait_for()
+    filters = page.get_by_test_id("audit-filters")
+    filters.get_by_label(re.compile("^Action", re.I)).fill("job.created")
+    filters.get_by_role("button", name=re.compile("filter|apply|search", re.I)).click()
+    page.wait_for_url(re.compile(r"action=job\.created"))
+    rows = page.get_by_test_id("audit-row")
+    rows.first.wait_for()
+    assert rows.count() == AuditEvent.objects.filter(action="job.created").count()
+    for i in range(rows.count()):
+        assert "job.created" in rows.nth(i).inner_text()
+    assert "action=job.created" in page.get_by_test_id("export-csv").get_attribute("href")
+    screenshot(page, "audit")
+
+
+def test_a_hospital_admin_sees_only_their_own_hospital(
+    open_page, hospital_admin, hospital_a, hospital_b
+) -> None:
+    page = open_page()
+    sign_in(page, hospital_admin.username)
+    page.goto("/#/hospitals")
+    page.get_by_test_id(f"hospital-row-{hospital_a.slug}").wait_for()
+    assert page.get_by_test_id(f"hospital-row-{hospital_b.slug}").count() == 0
+    page.goto(f"/#/hospitals/{hospital_a.slug}")
+    page.get_by_role("heading", name=re.compile(hospital_a.name)).wait_for()
+    screenshot(page, "hospital")
+    page.goto(f"/#/hospitals/{hospital_b.slug}")
+    page.get_by_role("heading", name="Not found").wait_for()
+    assert hospital_b.name not in page.inner_text("main")
+    assert page.get_by_role("link", name="New job").count() == 0
