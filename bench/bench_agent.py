@@ -56,44 +56,52 @@ Nothing here asserts on time or memory.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import platform
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from platform_setup import (
+    REPO,
+    WORKER_READY,
+    add_model_args,
+    add_run_args,
+    cleanup_redis,
+    configure,
+    default_cut,
+    job_data,
+    log,
+    make_admin,
+    new_run,
+    print_result,
+    read_log,
+    remove_folder,
+    setup_django,
+    shape_of,
+    spawn,
+    stop_processes,
+    worker_command,
+)
+
 GOAL_MIB = 1024.0
 KiB = 1024
-_T0 = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=25, help="the job's max_steps_per_turn")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
-    parser.add_argument("--model", default="densenet121")
-    parser.add_argument("--input-shape", default="1,64,64")
-    parser.add_argument("--batch-size", type=int, default=32)
+    add_model_args(parser)
     parser.add_argument(
         "--samples", type=int, default=None, help="synthetic images (default: steps x batch)"
     )
@@ -105,16 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--sample-ms", type=float, default=50.0, help="VmRSS sampling")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the turn")
-    parser.add_argument(
-        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_run_args(parser)
     return parser.parse_args(argv)
-
-
-def shape_of(text: str) -> tuple[int, ...]:
-    return tuple(int(s) for s in text.split(","))
 
 
 def free_port() -> int:
@@ -126,49 +126,20 @@ def free_port() -> int:
 # -- environment and processes ------------------------------------------------------------
 
 
-def configure(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, str]:
+def configure_agent(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, str]:
     """Set this process's environment (read by the settings) and return the children's."""
-    database = os.environ.get("DATABASE_URL") or f"sqlite:///{folder / 'bench.sqlite3'}"
-    values = {
-        "DATABASE_URL": database,
-        "REDIS_URL": args.redis_url,
-        "CELERY_BROKER_URL": args.redis_url,
-        "MEDSPLIT_CELERY_QUEUE": f"medsplit-bench-agent-{tag}",
-        "MEDSPLIT_DATA_DIR": str(folder / "data"),
-        "MEDSPLIT_CHECKPOINT_DIR": str(folder / "checkpoints"),
-        "MEDSPLIT_REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
-        "MEDSPLIT_SWEEP_SECONDS": "1",
-        "MEDSPLIT_LOG_LEVEL": "INFO",
-        "DJANGO_SETTINGS_MODULE": "coordinator.settings",
-        "OMP_NUM_THREADS": str(args.threads),
-        "MKL_NUM_THREADS": str(args.threads),
-    }
-    os.environ.update(values)
-    os.environ.pop("MEDSPLIT_WORKER_REDIS_URL", None)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "platform")])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def setup_django() -> None:
-    for path in (str(REPO / "platform"), str(REPO)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    logging.getLogger("medsplit").setLevel(logging.WARNING)
-    call_command("migrate", verbosity=0)
-
-
-# torch.set_num_threads before Celery (and the worker's torch work) starts.
-_WORKER_MAIN = (
-    "import sys, torch; torch.set_num_threads(int(sys.argv[1])); "
-    "from celery.__main__ import main; sys.argv = ['celery', *sys.argv[2:]]; sys.exit(main())"
-)
+    return configure(
+        folder,
+        args.redis_url,
+        f"medsplit-bench-agent-{tag}",
+        {
+            "MEDSPLIT_REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+            "MEDSPLIT_SWEEP_SECONDS": "1",
+            "OMP_NUM_THREADS": str(args.threads),
+            "MKL_NUM_THREADS": str(args.threads),
+        },
+        {"PYTHONUNBUFFERED": "1"},
+    )
 
 
 @dataclass
@@ -182,15 +153,7 @@ class Processes:
     started: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> int:
-        with open(self.log_path(name), "ab") as out:
-            process = subprocess.Popen(
-                args,
-                cwd=REPO,
-                env=env or self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        process = spawn(args, env or self.env, self.log_path(name), append=True)
         self.started[name] = process
         return process.pid
 
@@ -198,10 +161,7 @@ class Processes:
         return self.folder / f"{name}.log"
 
     def text(self, name: str) -> str:
-        try:
-            return self.log_path(name).read_text(errors="replace")
-        except OSError:
-            return ""
+        return read_log(self.log_path(name))
 
     def check_alive(self) -> None:
         for name, process in self.started.items():
@@ -211,20 +171,9 @@ class Processes:
     def stop_all(self, wait: float = 15.0) -> None:
         """Stop the agent first (it talks to the others), then the rest: SIGTERM, then
         SIGKILL for whatever is still running after ``wait`` seconds."""
-        agent = [n for n in self.started if n == "agent"]
-        for group in (agent, [n for n in self.started if n != "agent"]):
-            for name in group:
-                if self.started[name].poll() is None:
-                    self.started[name].send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + wait
-            for name in group:
-                process = self.started[name]
-                try:
-                    process.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    log(f"{name} ignored SIGTERM; killing it")
-                    process.kill()
-                    process.wait()
+        agent = {n: p for n, p in self.started.items() if n == "agent"}
+        for group in (agent, {n: p for n, p in self.started.items() if n != "agent"}):
+            stop_processes(group, wait, on_kill=lambda n: log(f"{n} ignored SIGTERM; killing it"))
 
     def tails(self, chars: int = 3000) -> str:
         return "\n".join(f"----- {n} -----\n{self.text(n)[-chars:]}" for n in self.started)
@@ -296,45 +245,16 @@ class RssSampler(threading.Thread):
 # -- the coordinator's side -----------------------------------------------------------------
 
 
-def make_admin(tag: str):
-    from django.contrib.auth import get_user_model
-
-    from accounts.models import Membership
-    from coordinator.actors import Actor, ActorKind, Role
-
-    user = get_user_model().objects.create_user(username=f"bench-agent-{tag}", password=None)
-    Membership.objects.create(user=user, role=Role.CONSORTIUM_ADMIN.value)
-    return Actor(ActorKind.PERSON, user=user, role=Role.CONSORTIUM_ADMIN, source_ip="127.0.0.1")
-
-
-def default_cut(model: str) -> str:
-    from medsplit.models.registry import get_model_spec
-
-    return get_model_spec(model).default_cut
-
-
 def create_job(args: argparse.Namespace, admin, slug: str, tag: str):
     from training import services
 
-    optimizer = {"name": "sgd", "lr": 0.01, "momentum": 0.9}
-    data = {
-        "name": f"bench-agent {tag}",
-        "model": args.model,
-        "num_classes": 2,
-        "mode": "vanilla",
-        "cuts": [default_cut(args.model)],
-        "client_optimizer": optimizer,
-        "server_optimizer": optimizer,
-        "batch_size": args.batch_size,
-        "local_epochs": 1,
-        "max_steps_per_turn": args.steps,
-        "rounds": 1,
-        "codec": "none",
-        "seed": uuid.uuid4().int % (2**31 - 1),
-        "on_failure": "fail",
-        "max_retries": 0,
-        "participants": [{"hospital": slug}],
-    }
+    data = job_data(
+        name=f"bench-agent {tag}",
+        model=args.model,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        slug=slug,
+    )
     return services.job_create(actor=admin, data=data)
 
 
@@ -385,29 +305,6 @@ def parse_agent_log(text: str) -> dict[str, Any]:
     }
 
 
-# -- Redis ----------------------------------------------------------------------------------
-
-
-def cleanup_redis(url: str, queue: str, slug: str | None) -> int:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    deleted = 0
-    try:
-        patterns = [f"{queue}*"]
-        if slug:
-            patterns += [f"medsplit:*:{slug}:*", f"medsplit-handoff:*:{slug}:*"]
-        for pattern in patterns:
-            for key in client.scan_iter(match=pattern, count=1000):
-                deleted += client.delete(key)
-        deleted += client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
-        if slug:
-            client.execute_command("ACL", "DELUSER", f"hospital-{slug}")
-    finally:
-        client.close()
-    return deleted
-
-
 # -- the run --------------------------------------------------------------------------------
 
 
@@ -421,7 +318,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
 
     shape = shape_of(args.input_shape)
     samples = args.samples or args.steps * args.batch_size
-    admin = make_admin(tag)
+    admin = make_admin(f"bench-agent-{tag}")
     slug = procs.slug
     registration = hospital_services.hospital_register(
         actor=admin, name=f"Bench agent {tag}", slug=slug
@@ -436,25 +333,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
     queue = env["MEDSPLIT_CELERY_QUEUE"]
     worker_pid = procs.start(
         "worker",
-        [
-            sys.executable,
-            "-c",
-            _WORKER_MAIN,
-            str(args.threads),
-            "-A",
-            "workers.celery_app",
-            "worker",
-            "--pool=solo",
-            "-Q",
-            queue,
-            "-n",
-            f"bench-agent-{tag}@localhost",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "INFO",
-        ],
+        worker_command(args.threads, queue, f"bench-agent-{tag}"),
     )
     procs.start(
         "beat",
@@ -504,7 +383,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
         procs,
     )
     log(f"agent (pid {agent_pid}) enrolled as {slug} and reported its data")
-    wait_until("the worker to be ready", lambda: " ready." in procs.text("worker"), 180, procs)
+    wait_until("the worker to be ready", lambda: WORKER_READY in procs.text("worker"), 180, procs)
     log("worker ready")
     time.sleep(2.0)  # the agent's idle resident memory, after its first polls
     idle_from = time.monotonic() - 1.5
@@ -617,9 +496,8 @@ def show(r: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tag = uuid.uuid4().hex[:10]
-    folder = Path(tempfile.mkdtemp(prefix=f"medsplit-bench-agent-{tag}-"))
-    env = configure(args, folder, tag)
+    tag, folder = new_run("agent")
+    env = configure_agent(args, folder, tag)
     procs = Processes(folder, env, slug=f"bench-agent-{tag}")
     log(f"setting up in {folder} (queue {env['MEDSPLIT_CELERY_QUEUE']})")
     result: dict[str, Any] = {}
@@ -633,18 +511,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         log("stopping the processes")
         procs.stop_all()
-        deleted = cleanup_redis(args.redis_url, env["MEDSPLIT_CELERY_QUEUE"], procs.slug)
+        deleted = cleanup_redis(
+            args.redis_url,
+            env["MEDSPLIT_CELERY_QUEUE"],
+            [procs.slug] if procs.slug else [],
+            handoffs=True,
+            acl_users=True,
+        )
         log(f"deleted {deleted} Redis keys and the ACL user hospital-{procs.slug}")
-        if args.keep:
-            log(f"kept {folder}")
-        else:
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        show(result)
+        remove_folder(folder, args.keep)
+    print_result(result, args.json, show)
     return 0
 
 

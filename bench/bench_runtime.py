@@ -52,42 +52,48 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import logging
-import os
 import platform
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from platform_setup import (
+    WORKER_READY,
+    add_model_args,
+    add_run_args,
+    cleanup_redis,
+    configure,
+    default_cut,
+    job_data,
+    log,
+    make_admin,
+    new_run,
+    print_result,
+    read_log,
+    remove_folder,
+    setup_django,
+    shape_of,
+    spawn,
+    stop_processes,
+    worker_command,
+)
+
 GOAL_RATIO = 1.15
 MiB = 1 << 20
-_T0 = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run (part 1)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first steps per run")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
-    parser.add_argument("--model", default="densenet121")
-    parser.add_argument("--input-shape", default="1,64,64")
-    parser.add_argument("--batch-size", type=int, default=32)
+    add_model_args(parser)
     parser.add_argument(
         "--checkpoint-every",
         type=int,
@@ -100,62 +106,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample-ms", type=float, default=20.0, help="Redis memory sampling")
     parser.add_argument("--skip-steps", action="store_true", help="skip part 1")
     parser.add_argument("--skip-memory", action="store_true", help="skip part 2")
-    parser.add_argument(
-        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_run_args(parser)
     return parser.parse_args(argv)
 
 
-def shape_of(text: str) -> tuple[int, ...]:
-    return tuple(int(s) for s in text.split(","))
+# -- the worker ----------------------------------------------------------------------------
 
 
-# -- environment: database, settings, the worker -----------------------------------------
-
-
-def configure(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, str]:
+def configure_runtime(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, str]:
     """Set this process's environment (read by the settings) and return the worker's."""
-    database = os.environ.get("DATABASE_URL") or f"sqlite:///{folder / 'bench.sqlite3'}"
-    values = {
-        "DATABASE_URL": database,
-        "REDIS_URL": args.redis_url,
-        "CELERY_BROKER_URL": args.redis_url,
-        "MEDSPLIT_CELERY_QUEUE": f"medsplit-bench-{tag}",
-        "MEDSPLIT_DATA_DIR": str(folder / "data"),
-        "MEDSPLIT_CHECKPOINT_DIR": str(folder / "checkpoints"),
-        "MEDSPLIT_CHECKPOINT_EVERY": str(args.checkpoint_every),
-        # Scheduling a job sends advance_job to the worker at once (no beat needed).
-        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
-        "MEDSPLIT_LOG_LEVEL": "INFO",
-        "DJANGO_SETTINGS_MODULE": "coordinator.settings",
-    }
-    os.environ.update(values)
-    os.environ.pop("MEDSPLIT_WORKER_REDIS_URL", None)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "platform")])
-    return env
-
-
-def setup_django() -> None:
-    for path in (str(REPO / "platform"), str(REPO)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    # The worker logs its turns (to its log file); this process only reports progress.
-    logging.getLogger("medsplit").setLevel(logging.WARNING)
-    call_command("migrate", verbosity=0)
-
-
-# torch.set_num_threads before Celery (and the worker's torch work) starts.
-_WORKER_MAIN = (
-    "import sys, torch; torch.set_num_threads(int(sys.argv[1])); "
-    "from celery.__main__ import main; sys.argv = ['celery', *sys.argv[2:]]; sys.exit(main())"
-)
+    return configure(
+        folder,
+        args.redis_url,
+        f"medsplit-bench-{tag}",
+        {"MEDSPLIT_CHECKPOINT_EVERY": str(args.checkpoint_every)},
+    )
 
 
 @dataclass
@@ -170,34 +135,8 @@ class Worker:
 
     def start(self) -> None:
         queue = self.env["MEDSPLIT_CELERY_QUEUE"]
-        args = [
-            sys.executable,
-            "-c",
-            _WORKER_MAIN,
-            str(self.threads),
-            "-A",
-            "workers.celery_app",
-            "worker",
-            "--pool=solo",
-            "-Q",
-            queue,
-            "-n",
-            f"bench-{self.tag}@localhost",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "INFO",
-        ]
-        with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen(
-                args,
-                cwd=REPO,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        args = worker_command(self.threads, queue, f"bench-{self.tag}")
+        self.process = spawn(args, self.env, self.log_path)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -205,26 +144,17 @@ class Worker:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(f"the worker exited ({self.process.returncode})\n{self.tail()}")
-            if b" ready." in self.log_path.read_bytes():
+            if WORKER_READY.encode() in self.log_path.read_bytes():
                 return
             time.sleep(0.2)
         raise RuntimeError(f"the worker was not ready within {timeout:g} s\n{self.tail()}")
 
     def stop(self, wait: float = 15.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(wait)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            stop_processes({"worker": self.process}, wait)
 
     def tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return read_log(self.log_path)[-chars:]
 
 
 # -- jobs ----------------------------------------------------------------------------------
@@ -257,43 +187,10 @@ class Bench:
                 "split_sizes": {"train": steps * batch, "val": 0},
             },
         )
-        optimizer = {"name": "sgd", "lr": 0.01, "momentum": 0.9}
-        data = {
-            "name": f"bench-runtime {label}",
-            "model": model,
-            "num_classes": 2,
-            "mode": "vanilla",
-            "cuts": [default_cut(model)],
-            "client_optimizer": optimizer,
-            "server_optimizer": optimizer,
-            "batch_size": batch,
-            "local_epochs": 1,
-            "max_steps_per_turn": steps,
-            "rounds": 1,
-            "codec": "none",
-            "seed": uuid.uuid4().int % (2**31 - 1),
-            "on_failure": "fail",
-            "max_retries": 0,
-            "participants": [{"hospital": slug}],
-        }
+        data = job_data(
+            name=f"bench-runtime {label}", model=model, batch_size=batch, steps=steps, slug=slug
+        )
         return services.job_create(actor=self.admin, data=data)
-
-
-def default_cut(model: str) -> str:
-    from medsplit.models.registry import get_model_spec
-
-    return get_model_spec(model).default_cut
-
-
-def make_admin(tag: str):
-    from django.contrib.auth import get_user_model
-
-    from accounts.models import Membership
-    from coordinator.actors import Actor, ActorKind, Role
-
-    user = get_user_model().objects.create_user(username=f"bench-{tag}", password=None)
-    Membership.objects.create(user=user, role=Role.CONSORTIUM_ADMIN.value)
-    return Actor(ActorKind.PERSON, user=user, role=Role.CONSORTIUM_ADMIN, source_ip="127.0.0.1")
 
 
 # -- timing ----------------------------------------------------------------------------
@@ -649,26 +546,6 @@ def steps_part(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# -- Redis keys ----------------------------------------------------------------------------
-
-
-def cleanup_redis(url: str, queue: str, slugs: list[str]) -> int:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    deleted = 0
-    try:
-        patterns = [f"{queue}*", *(f"medsplit:*:{slug}:*" for slug in slugs)]
-        for pattern in patterns:
-            for key in client.scan_iter(match=pattern, count=1000):
-                deleted += client.delete(key)
-        # Kombu's bindings of the queue (the second name in recent kombu versions).
-        deleted += client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
-    finally:
-        client.close()
-    return deleted
-
-
 # -- output --------------------------------------------------------------------------------
 
 
@@ -737,9 +614,8 @@ def show(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tag = uuid.uuid4().hex[:10]
-    folder = Path(tempfile.mkdtemp(prefix=f"medsplit-bench-runtime-{tag}-"))
-    env = configure(args, folder, tag)
+    tag, folder = new_run("runtime")
+    env = configure_runtime(args, folder, tag)
     log(f"setting up in {folder} (queue {env['MEDSPLIT_CELERY_QUEUE']})")
     worker = Worker(env, folder / "worker.log", args.threads, tag)
     worker.start()  # starts while this process migrates the database
@@ -755,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         deterministic = settings.MEDSPLIT["DETERMINISTIC"]
         if deterministic:  # as the worker does (workers/celery_app.py)
             torch.use_deterministic_algorithms(True)
-        bench = Bench(tag, make_admin(tag), args.redis_url, args.checkpoint_every)
+        bench = Bench(tag, make_admin(f"bench-{tag}"), args.redis_url, args.checkpoint_every)
         log("database migrated; waiting for the worker")
         worker.wait_ready()
         log("worker ready")
@@ -781,16 +657,8 @@ def main(argv: list[str] | None = None) -> int:
             args.redis_url, env["MEDSPLIT_CELERY_QUEUE"], bench.slugs if bench else []
         )
         log(f"deleted {deleted} Redis keys")
-        if args.keep:
-            log(f"kept {folder}")
-        else:
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        show(result)
+        remove_folder(folder, args.keep)
+    print_result(result, args.json, show)
     return 0
 
 

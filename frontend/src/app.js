@@ -136,5 +136,17 @@ export function every(seconds, refresh) {
   };
 }
 
+/** Like app.js's ``every``, for a page that already loaded once: the first run waits. */
+export function poll(seconds, refresh) {
+  let first = true;
+  return every(seconds, async () => {
+    if (first) {
+      first = false;
+      return;
+    }
+    await refresh();
+  });
+}
+
 window.addEventListener("hashchange", render);
 render();

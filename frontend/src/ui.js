@@ -103,3 +103,41 @@ export function toast(message) {
   clearTimeout(toast.timer);
   toast.timer = setTimeout(() => node.classList.remove("shown"), 4000);
 }
+
+/** Replace a polled section's content, keeping keyboard focus on the same link or button. */
+export function swap(container, ...nodes) {
+  const active = document.activeElement;
+  let selector = null;
+  if (active && active !== container && container.contains(active)) {
+    const testid = active.getAttribute("data-testid");
+    const href = active.getAttribute("href");
+    if (testid) selector = `[data-testid="${CSS.escape(testid)}"]`;
+    else if (href) selector = `[href="${CSS.escape(href)}"]`;
+  }
+  container.replaceChildren(...nodes);
+  if (selector) container.querySelector(selector)?.focus();
+}
+
+/** Run ``load`` but render only the answer of the latest call (polls and clicks overlap). */
+export function latest(load, render) {
+  let seq = 0;
+  return async () => {
+    seq += 1;
+    const mine = seq;
+    const data = await load();
+    if (mine === seq) render(data);
+  };
+}
+
+/** Disable ``button`` while ``action`` runs; report a failure in a toast (and return null). */
+export async function busy(button, action) {
+  button.disabled = true;
+  try {
+    return await action();
+  } catch (error) {
+    toast(error.message || "The request failed.");
+    return null;
+  } finally {
+    button.disabled = false;
+  }
+}

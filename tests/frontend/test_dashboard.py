@@ -9,6 +9,7 @@ import re
 import uuid
 
 import pytest
+from playwright.sync_api import expect
 
 from audit.models import AuditEvent
 from coordinator.actors import Actor
@@ -82,7 +83,8 @@ def test_create_a_job_from_the_form(open_page, consortium_admin, three_hospitals
     model.select_option("small_cnn")
     for hospital in three_hospitals:
         page.get_by_test_id(f"participant-{hospital.slug}").check()
-    page.get_by_test_id("cut-pool1").check()
+    # The cut table is computed by the coordinator for the model and the hospitals' shape.
+    page.get_by_test_id("cut-pool1").check(timeout=60_000)
     # The turn order is the order of the participants' rows (moved with their buttons).
     shown = page.locator("[data-testid^='participant-']").evaluate_all(
         "nodes => nodes.map(n => n.dataset.testid.slice('participant-'.length))"
@@ -148,10 +150,10 @@ def test_filter_the_audit_log(open_page, consortium_admin, three_hospitals, make
     filters.get_by_role("button", name=re.compile("filter|apply|search", re.I)).click()
     page.wait_for_url(re.compile(r"action=job\.created"))
     rows = page.get_by_test_id("audit-row")
-    rows.first.wait_for()
-    assert rows.count() == AuditEvent.objects.filter(action="job.created").count()
+    # Auto-waiting: the table is replaced once the filtered answer arrives.
+    expect(rows).to_have_count(AuditEvent.objects.filter(action="job.created").count())
     for i in range(rows.count()):
-        assert "job.created" in rows.nth(i).inner_text()
+        expect(rows.nth(i)).to_contain_text("job.created")
     assert "action=job.created" in page.get_by_test_id("export-csv").get_attribute("href")
     screenshot(page, "audit")
 

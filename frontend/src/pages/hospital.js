@@ -3,19 +3,15 @@
 // from the API, which this page lets through to the router ("Not found").
 
 import { api, apiAll, ApiError } from "../api.js";
-import { isConsortiumAdmin } from "../app.js";
-import { ago, badge, el, toast } from "../ui.js";
+import { isConsortiumAdmin, poll } from "../app.js";
+import { ago, badge, busy, el, latest, swap, toast } from "../ui.js";
 import {
   agentStatusBadge,
-  busy,
   connectionBadge,
   hospitalStatusBadge,
   imageShapeText,
-  latest,
-  poll,
   showCode,
   splitSizesText,
-  swap,
 } from "./hospitals.js";
 
 const POLL_SECONDS = 5;

@@ -3,49 +3,12 @@
 // enrolment code an approval issues is shown once, in a box polling never replaces.
 
 import { api, apiAll } from "../api.js";
-import { every, isConsortiumAdmin } from "../app.js";
-import { ago, badge, el, field, showErrors, toast } from "../ui.js";
+import { isConsortiumAdmin, poll } from "../app.js";
+import { ago, badge, busy, el, field, latest, showErrors, swap, toast } from "../ui.js";
 
 const POLL_SECONDS = 5;
 
-// -- helpers the hospital and overview pages share --------------------------------------
-
-/** Like app.js's ``every``, for a page that already loaded once: the first run waits. */
-export function poll(seconds, refresh) {
-  let first = true;
-  return every(seconds, async () => {
-    if (first) {
-      first = false;
-      return;
-    }
-    await refresh();
-  });
-}
-
-/** Replace a polled section's content, keeping keyboard focus on the same link or button. */
-export function swap(container, ...nodes) {
-  const active = document.activeElement;
-  let selector = null;
-  if (active && active !== container && container.contains(active)) {
-    const testid = active.getAttribute("data-testid");
-    const href = active.getAttribute("href");
-    if (testid) selector = `[data-testid="${CSS.escape(testid)}"]`;
-    else if (href) selector = `[href="${CSS.escape(href)}"]`;
-  }
-  container.replaceChildren(...nodes);
-  if (selector) container.querySelector(selector)?.focus();
-}
-
-/** Run ``load`` but render only the answer of the latest call (polls and clicks overlap). */
-export function latest(load, render) {
-  let seq = 0;
-  return async () => {
-    seq += 1;
-    const mine = seq;
-    const data = await load();
-    if (mine === seq) render(data);
-  };
-}
+// -- parts the hospital and overview pages share ----------------------------------------
 
 export function hospitalStatusBadge(status) {
   return badge(status || "unknown");
@@ -175,19 +138,6 @@ export function showCode(holder, code, hospitalName) {
   holder.replaceChildren(box);
   box.querySelector("[data-testid='enrolment-code']").focus();
   box.scrollIntoView?.({ block: "nearest" });
-}
-
-/** Disable ``button`` while ``action`` runs; report a failure in a toast (and return null). */
-export async function busy(button, action) {
-  button.disabled = true;
-  try {
-    return await action();
-  } catch (error) {
-    toast(error.message || "The request failed.");
-    return null;
-  } finally {
-    button.disabled = false;
-  }
 }
 
 // -- the page ----------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 // wrong lately (from the audit log) and whether the audit chain still verifies.
 
 import { api, apiAll, ApiError } from "../api.js";
-import { ago, badge, el } from "../ui.js";
-import { agentStatusBadge, connectionBadge, hospitalStatusBadge, latest, poll, swap } from "./hospitals.js";
+import { poll } from "../app.js";
+import { ago, badge, el, latest, swap } from "../ui.js";
+import { agentStatusBadge, connectionBadge, hospitalStatusBadge } from "./hospitals.js";
 
 const POLL_SECONDS = 5;
 const VERIFY_SECONDS = 60; // the check re-hashes the whole chain: not every 5 s

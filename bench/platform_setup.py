@@ -1,0 +1,295 @@
+"""Set-up shared by the benchmarks that run the real platform (``bench_runtime.py``,
+``bench_agent.py``): logging, the environment and database, the Celery worker's command
+line, starting and stopping child processes, the admin and job that the runs use, and
+deleting the Redis keys they made.
+
+Imported by name (``from platform_setup import ...``), not as a package: a script run as
+``python bench/<name>.py`` has this folder on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Print ``message`` to stderr with the seconds since the benchmark started."""
+    print(f"[{time.monotonic() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def shape_of(text: str) -> tuple[int, ...]:
+    """``"1,64,64"`` -> ``(1, 64, 64)``."""
+    return tuple(int(s) for s in text.split(","))
+
+
+def new_run(name: str) -> tuple[str, Path]:
+    """A unique tag for this run and a new temporary folder named after it and ``name``."""
+    tag = uuid.uuid4().hex[:10]
+    return tag, Path(tempfile.mkdtemp(prefix=f"medsplit-bench-{name}-{tag}-"))
+
+
+def print_result(
+    result: dict[str, Any], as_json: bool, show: Callable[[dict[str, Any]], None]
+) -> None:
+    """Print the figures as JSON, or as ``show`` writes them."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        show(result)
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, ``--model``, ``--input-shape``, ``--batch-size``."""
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    parser.add_argument("--model", default="densenet121")
+    parser.add_argument("--input-shape", default="1,64,64")
+    parser.add_argument("--batch-size", type=int, default=32)
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """``--redis-url``, ``--keep``, ``--json``."""
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+# -- environment and database --------------------------------------------------------------
+
+
+def configure(
+    folder: Path,
+    redis_url: str,
+    queue: str,
+    extra: Mapping[str, str],
+    child_extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Set this process's environment (read by the settings) and return the children's.
+
+    ``extra`` is set here and in the children, ``child_extra`` in the children only.
+    Scheduling a job sends ``advance_job`` to the worker at once (Celery dispatcher)."""
+    database = os.environ.get("DATABASE_URL") or f"sqlite:///{folder / 'bench.sqlite3'}"
+    values = {
+        "DATABASE_URL": database,
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url,
+        "MEDSPLIT_CELERY_QUEUE": queue,
+        "MEDSPLIT_DATA_DIR": str(folder / "data"),
+        "MEDSPLIT_CHECKPOINT_DIR": str(folder / "checkpoints"),
+        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
+        "MEDSPLIT_LOG_LEVEL": "INFO",
+        "DJANGO_SETTINGS_MODULE": "coordinator.settings",
+        **extra,
+    }
+    os.environ.update(values)
+    os.environ.pop("MEDSPLIT_WORKER_REDIS_URL", None)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "platform")])
+    env.update(child_extra or {})
+    return env
+
+
+def setup_django() -> None:
+    """Put the platform on ``sys.path``, set Django up and migrate the database."""
+    for path in (str(REPO / "platform"), str(REPO)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    # The worker logs its turns (to its log file); this process only reports progress.
+    logging.getLogger("medsplit").setLevel(logging.WARNING)
+    call_command("migrate", verbosity=0)
+
+
+# -- processes -----------------------------------------------------------------------------
+
+# torch.set_num_threads before Celery (and the worker's torch work) starts.
+_WORKER_MAIN = (
+    "import sys, torch; torch.set_num_threads(int(sys.argv[1])); "
+    "from celery.__main__ import main; sys.argv = ['celery', *sys.argv[2:]]; sys.exit(main())"
+)
+# What a Celery worker logs once it takes tasks.
+WORKER_READY = " ready."
+
+
+def worker_command(threads: int, queue: str, name: str) -> list[str]:
+    """A Celery worker (``--pool=solo``, ``threads`` torch threads) on ``queue``, node
+    ``<name>@localhost``."""
+    return [
+        sys.executable,
+        "-c",
+        _WORKER_MAIN,
+        str(threads),
+        "-A",
+        "workers.celery_app",
+        "worker",
+        "--pool=solo",
+        "-Q",
+        queue,
+        "-n",
+        f"{name}@localhost",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-l",
+        "INFO",
+    ]
+
+
+def spawn(
+    args: list[str], env: dict[str, str], log_path: Path, *, append: bool = False
+) -> subprocess.Popen:
+    """Start ``args`` in the repository root, stdout and stderr to ``log_path``
+    (truncated, or appended to with ``append``), no stdin."""
+    with open(log_path, "ab" if append else "wb") as out:
+        return subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def read_log(path: Path) -> str:
+    """The text of a process's log file, ``""`` if it cannot be read."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def stop_processes(
+    processes: Mapping[str, subprocess.Popen],
+    wait: float = 15.0,
+    *,
+    on_kill: Callable[[str], None] | None = None,
+) -> None:
+    """SIGTERM to each of ``processes`` still running, then SIGKILL to whatever still
+    runs ``wait`` seconds later (``on_kill`` is told the name of each one killed)."""
+    for process in processes.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    for name, process in processes.items():
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            if on_kill is not None:
+                on_kill(name)
+            process.kill()
+            process.wait()
+
+
+def remove_folder(folder: Path, keep: bool) -> None:
+    """Remove the temporary folder, or log that it is kept."""
+    if keep:
+        log(f"kept {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- the coordinator's side ------------------------------------------------------------------
+
+
+def make_admin(username: str) -> Any:
+    """A new consortium admin ``username`` (no password), as the ``Actor`` to act as."""
+    from django.contrib.auth import get_user_model
+
+    from accounts.models import Membership
+    from coordinator.actors import Actor, ActorKind, Role
+
+    user = get_user_model().objects.create_user(username=username, password=None)
+    Membership.objects.create(user=user, role=Role.CONSORTIUM_ADMIN.value)
+    return Actor(ActorKind.PERSON, user=user, role=Role.CONSORTIUM_ADMIN, source_ip="127.0.0.1")
+
+
+def default_cut(model: str) -> str:
+    """The registry's default cut of ``model``."""
+    from medsplit.models.registry import get_model_spec
+
+    return get_model_spec(model).default_cut
+
+
+def job_data(*, name: str, model: str, batch_size: int, steps: int, slug: str) -> dict[str, Any]:
+    """A one-hospital, one-round vanilla job at the model's default cut: codec ``none``,
+    SGD with momentum on both sides, ``steps`` steps per turn, a random seed."""
+    optimizer = {"name": "sgd", "lr": 0.01, "momentum": 0.9}
+    return {
+        "name": name,
+        "model": model,
+        "num_classes": 2,
+        "mode": "vanilla",
+        "cuts": [default_cut(model)],
+        "client_optimizer": optimizer,
+        "server_optimizer": optimizer,
+        "batch_size": batch_size,
+        "local_epochs": 1,
+        "max_steps_per_turn": steps,
+        "rounds": 1,
+        "codec": "none",
+        "seed": uuid.uuid4().int % (2**31 - 1),
+        "on_failure": "fail",
+        "max_retries": 0,
+        "participants": [{"hospital": slug}],
+    }
+
+
+# -- Redis ---------------------------------------------------------------------------------
+
+
+def cleanup_redis(
+    url: str,
+    queue: str,
+    slugs: Iterable[str],
+    *,
+    handoffs: bool = False,
+    acl_users: bool = False,
+) -> int:
+    """Delete the queue's keys and the hospitals' streams (and, with ``handoffs``, their
+    hand-offs; with ``acl_users``, their ACL users); return how many keys went."""
+    import redis
+
+    slugs = list(slugs)
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    try:
+        patterns = [f"{queue}*"]
+        for slug in slugs:
+            patterns.append(f"medsplit:*:{slug}:*")
+            if handoffs:
+                patterns.append(f"medsplit-handoff:*:{slug}:*")
+        for pattern in patterns:
+            for key in client.scan_iter(match=pattern, count=1000):
+                deleted += client.delete(key)
+        # Kombu's bindings of the queue (the second name in recent kombu versions).
+        deleted += client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        if acl_users:
+            for slug in slugs:
+                client.execute_command("ACL", "DELUSER", f"hospital-{slug}")
+    finally:
+        client.close()
+    return deleted
