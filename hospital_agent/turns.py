@@ -45,7 +45,7 @@ from medsplit.protocol.roles import StepResult
 from medsplit.protocol.sealing import SealContext
 from medsplit.training.config import TrainingConfig
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
-from medsplit.turns.setup import JobModel, client_parties
+from medsplit.turns.setup import JobModel, cached_split, client_parties
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class TurnTaker:
             logger.error("job %s: local data cannot be used: %s", job, e)
             self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
             return None
-        split = model.split(config)
+        split = cached_split(model, config.cuts)
         start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
         if start is None:
             return None

@@ -22,7 +22,7 @@ from medsplit.protocol.handoff import export_parties
 from medsplit.turns import Directive, TurnFailed, TurnIds, TurnProgress, TurnServer
 from medsplit.turns.checkpoints import BASE, CheckpointStore, read_verified, write_atomic
 from medsplit.turns.server import SERVER_PARTY
-from medsplit.turns.setup import JobModel, server_party
+from medsplit.turns.setup import JobModel, cached_split, server_party
 from training.models import Job, Turn
 from training.runs import (
     checkpoint_dir,
@@ -69,7 +69,7 @@ def run(turn_id: int, *, runner: str) -> RunResult:
         return RunResult("not claimed")
     job, turn = claim.job, claim.turn
     config = job.training_config()
-    split = job_model(job).split(config)
+    split = cached_split(job_model(job), config.cuts)
     ids = TurnIds(config.job, claim.round_index, turn.position, config.mode, config.codec)
     store = DatabaseCheckpointStore(
         turn=turn,

@@ -8,6 +8,7 @@ the two halves of one model, without any weights crossing.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,8 +42,21 @@ class JobModel:
 
     def split(self, config: TrainingConfig) -> SplitModel:
         """The model as ``config.cuts`` cut it (traced on a batch of two zero inputs)."""
+        return self.split_at(config.cuts)
+
+    def split_at(self, cuts: tuple[str, ...]) -> SplitModel:
         example = torch.zeros(2, *self.input_shape)
-        return split_model(self.build(), example, config.cuts)
+        return split_model(self.build(), example, cuts)
+
+
+@functools.lru_cache(maxsize=8)
+def cached_split(model: JobModel, cuts: tuple[str, ...]) -> SplitModel:
+    """``model`` cut at ``cuts``, traced once per process (a large network takes seconds).
+
+    Shared between turns: parties take their own copies of the segments
+    (:func:`server_party`, :func:`client_parties`), so nothing trains the cached ones.
+    """
+    return model.split_at(cuts)
 
 
 def server_party(split: SplitModel, config: TrainingConfig) -> Party:

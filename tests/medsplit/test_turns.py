@@ -259,3 +259,19 @@ def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> 
     got = {**party.module.state_dict(), **client.parties["front"].module.state_dict()}
     for name, value in whole.items():
         assert torch.equal(got[name], value), name
+
+
+def test_a_traced_split_is_shared_but_every_party_trains_its_own_copy() -> None:
+    from medsplit.turns.setup import JobModel, cached_split, client_parties, server_party
+
+    model = JobModel("small_cnn", 2, 1, 2, (1, 28, 28), seed=3)
+    config = config_for(Mode.VANILLA, cuts=("pool1",))
+    split = cached_split(model, ("pool1",))
+    assert cached_split(model, ("pool1",)) is split, "traced once per process"
+    first, second = server_party(split, config), server_party(split, config)
+    for a, b in zip(first.module.parameters(), second.module.parameters(), strict=True):
+        assert a is not b and torch.equal(a, b)
+    front = client_parties(split, config)["front"].module
+    assert all(
+        p is not q for p, q in zip(front.parameters(), split.segments[0].parameters(), strict=True)
+    )
