@@ -1,0 +1,91 @@
+"""The docker-compose deployment: valid (`docker-compose config`, no engine needed), every
+service there with a health check where it serves, and no secret in the repository."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker-compose.yml"
+SERVICES = {
+    "postgres",
+    "redis",
+    "coordinator",
+    "worker",
+    "scheduler",
+    "agent-1",
+    "agent-2",
+    "agent-3",
+}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """The compose file with env files made from the examples, as an operator would."""
+    shutil.copy(COMPOSE, tmp_path / "docker-compose.yml")
+    (tmp_path / "deploy").mkdir()
+    for example in (REPO / "deploy").glob("*.env.example"):
+        text = re.sub(r"=$", "=not-a-real-secret-0123456789", example.read_text(), flags=re.M)
+        (tmp_path / "deploy" / example.name.removesuffix(".example")).write_text(text)
+    return tmp_path
+
+
+def compose(project: Path, *args: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip("Debian's docker-compose is not installed (scripts/test installs it)")
+    return subprocess.run(
+        [binary, "--env-file", "deploy/secrets.env", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_compose_file_is_valid_and_has_every_service(project: Path) -> None:
+    checked = compose(project, "config")
+    assert checked.returncode == 0, checked.stderr
+    config = yaml.safe_load(checked.stdout)
+    assert set(config["services"]) == SERVICES
+    for name in ("postgres", "redis", "coordinator", "agent-1", "agent-2", "agent-3"):
+        assert "healthcheck" in config["services"][name], name
+    for name in ("agent-1", "agent-2", "agent-3"):
+        volumes = [str(v) for v in config["services"][name]["volumes"]]
+        assert any("/var/lib/medsplit-agent" in v for v in volumes), "keys on its own volume"
+    command = config["services"]["redis"]["command"]
+    assert "--requirepass" in (command if isinstance(command, str) else " ".join(command))
+
+
+def test_a_missing_secret_is_refused_by_name(project: Path) -> None:
+    (project / "deploy" / "secrets.env").write_text("REDIS_PASSWORD=x\n")
+    refused = compose(project, "config", "-q")
+    assert refused.returncode != 0
+    assert "POSTGRES_PASSWORD" in refused.stderr
+
+
+def test_no_secret_is_in_the_repository() -> None:
+    text = COMPOSE.read_text()
+    # Every password is a ${VARIABLE} from the env files, never a value.
+    for line in text.splitlines():
+        if re.search(r"PASSWORD\s*[:=]", line) and "${" not in line:
+            pytest.fail(f"a password set in docker-compose.yml: {line.strip()}")
+    for example in (REPO / "deploy").glob("*.env.example"):
+        for line in example.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                name, value = line.split("=", 1)
+                if any(w in name for w in ("PASSWORD", "SECRET", "CODE")):
+                    assert value == "", f"{example.name}: {name} has a value"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "deploy/secrets.env", "deploy/agent-1.env"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert ignored.stdout.split() == ["deploy/secrets.env", "deploy/agent-1.env"]
