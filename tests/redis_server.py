@@ -48,3 +48,18 @@ def redis_url() -> Iterator[str]:
             yield f"unix://{server.socket_file}?db=0"
         finally:
             server.shutdown()
+
+
+def forget_jobs(url: str, job_ids) -> None:
+    """Delete the streams and hand-offs of these jobs: job ids restart at 1 in every test
+    database, so a later run would otherwise meet an earlier run's stream counters."""
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        for job in job_ids:
+            for pattern in (f"medsplit:job-{job}:*", f"medsplit-handoff:*:job:{job}"):
+                for key in client.scan_iter(match=pattern):
+                    client.delete(key)
+    except redis.RedisError:
+        pass  # a test's own Redis may be gone already
+    finally:
+        client.close()

@@ -110,7 +110,14 @@ def consortium(live_server, settings, redis_url: str, admin_actor: Actor):
         "REDIS_URL": redis_url,
         "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
     }
-    return live_server.url
+    admin = redis.Redis.from_url(redis_url)
+    before = set(admin.execute_command("ACL", "USERS"))
+    yield live_server.url
+    # The hospitals' Redis users this test made (the shared Redis keeps them otherwise).
+    for user in set(admin.execute_command("ACL", "USERS")) - before:
+        if user.startswith(b"hospital-"):
+            admin.execute_command("ACL", "DELUSER", user)
+    admin.close()
 
 
 def enrol_agents(processes: Processes, url: str, tmp_path: Path, admin_actor: Actor, files):

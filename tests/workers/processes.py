@@ -28,6 +28,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
+from tests.redis_server import forget_jobs
+from training.models import Job
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -169,6 +172,7 @@ def processes(tmp_path: Path, redis_url: str, settings) -> Iterator[Processes]:
     yield running
     for name in list(running.started):
         running.stop(name)
+    forget_jobs(settings.MEDSPLIT["WORKER_REDIS_URL"], Job.objects.values_list("pk", flat=True))
     client = redis.Redis.from_url(redis_url)
     try:  # the queue's keys on a shared Redis
         for key in client.scan_iter(match=f"{queue}*"):

@@ -14,6 +14,7 @@ import pytest
 from audit.models import AuditEvent
 from coordinator.actors import Actor
 from medsplit.training.verify import deterministic
+from tests.redis_server import forget_jobs
 from tests.workers.hospitals import Hospitals, assert_exact, local_data
 from training import services
 from training.models import Job, MetricPoint, ServerCheckpoint, Turn
@@ -37,6 +38,7 @@ def runtime(settings, tmp_path, redis_url: str) -> Iterator[str]:
         "METRICS_MIN_INTERVAL_SECONDS": 0.0,
     }
     yield redis_url
+    forget_jobs(redis_url, Job.objects.values_list("pk", flat=True))
 
 
 def unique_seed() -> int:
