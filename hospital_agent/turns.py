@@ -71,13 +71,10 @@ class Assignment:
 
     def config(self) -> TrainingConfig:
         r = self.raw
-        optimizer = dict(r["client_optimizer"])
-        if "betas" in optimizer:
-            optimizer["betas"] = tuple(optimizer["betas"])
         return TrainingConfig(
             cuts=tuple(r["cuts"]),
             mode=Mode(r["mode"]),
-            client_optimizer=OptimizerConfig(**optimizer),
+            client_optimizer=OptimizerConfig.from_json(r["client_optimizer"]),
             batch_size=r["batch_size"],
             local_epochs=r["local_epochs"],
             max_steps_per_turn=r["max_steps_per_turn"],

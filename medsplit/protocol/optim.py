@@ -38,6 +38,14 @@ class OptimizerConfig:
     gamma: float = 0.5
     total_steps: int = 1000
 
+    @classmethod
+    def from_json(cls, values: dict) -> OptimizerConfig:
+        """From its JSON form, as the coordinator stores and sends it (betas as a list)."""
+        values = dict(values)
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        return cls(**values)
+
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise ConfigError(f"optimizer name must be one of {OPTIMIZERS}, got {self.name!r}")

@@ -104,10 +104,7 @@ class Job(models.Model):
 
 def optimizer_config(stored: dict) -> OptimizerConfig:
     """An :class:`OptimizerConfig` from its stored JSON (betas come back as a list)."""
-    values = dict(stored)
-    if "betas" in values:
-        values["betas"] = tuple(values["betas"])
-    return OptimizerConfig(**values)
+    return OptimizerConfig.from_json(stored)
 
 
 def optimizer_json(config: OptimizerConfig) -> dict:

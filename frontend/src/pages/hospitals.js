@@ -158,7 +158,7 @@ export async function render(root) {
   const refresh = latest(
     () => apiAll("hospitals/"),
     (hospitals) => {
-      swap(listBox, hospitalTable(hospitals));
+      swap(listBox, hospitalTable(hospitals, { labelledBy: "hospital-list-title" }));
       if (admin) swap(requestsBox, requestsTable(hospitals.filter((h) => h.status === "requested")));
       updated.textContent = `Updated ${new Date().toLocaleTimeString()}; refreshes every ${POLL_SECONDS} s.`;
     },
@@ -318,12 +318,14 @@ export async function render(root) {
   return poll(POLL_SECONDS, refresh);
 }
 
-function hospitalTable(hospitals) {
+/** The hospitals as a table; ``withDataset`` adds the slug and the dataset summary. */
+export function hospitalTable(hospitals, { labelledBy, withDataset = true } = {}) {
   if (!hospitals.length) return el("p", { class: "muted" }, "No hospital yet.");
-  const columns = ["Hospital", "Status", "Connection", "Last heartbeat", "Agent", "Dataset"];
+  const columns = ["Hospital", "Status", "Connection", "Last heartbeat", "Agent"];
+  if (withDataset) columns.push("Dataset");
   return el(
     "table",
-    { "aria-labelledby": "hospital-list-title" },
+    { "aria-labelledby": labelledBy },
     el("thead", {}, el("tr", {}, columns.map((label) => el("th", { scope: "col" }, label)))),
     el(
       "tbody",
@@ -336,13 +338,17 @@ function hospitalTable(hospitals) {
             "td",
             {},
             el("a", { href: `#/hospitals/${h.slug}` }, h.name),
-            el("div", { class: "muted" }, h.slug),
+            withDataset ? el("div", { class: "muted" }, h.slug) : null,
           ),
           el("td", {}, hospitalStatusBadge(h.status)),
           el("td", {}, connectionBadge(h)),
-          el("td", { title: h.last_seen_at ? new Date(h.last_seen_at).toLocaleString() : null }, ago(h.last_seen_at)),
+          el(
+            "td",
+            { title: h.last_seen_at ? new Date(h.last_seen_at).toLocaleString() : null },
+            ago(h.last_seen_at),
+          ),
           el("td", {}, agentText(h)),
-          el("td", {}, datasetCell(h.dataset_summary)),
+          withDataset ? el("td", {}, datasetCell(h.dataset_summary)) : null,
         ),
       ),
     ),

@@ -4,7 +4,7 @@
 import { api, apiAll, ApiError } from "../api.js";
 import { poll } from "../app.js";
 import { ago, badge, el, latest, swap } from "../ui.js";
-import { agentStatusBadge, connectionBadge, hospitalStatusBadge } from "./hospitals.js";
+import { hospitalTable } from "./hospitals.js";
 
 const POLL_SECONDS = 5;
 const VERIFY_SECONDS = 60; // the check re-hashes the whole chain: not every 5 s
@@ -58,7 +58,10 @@ export async function render(root) {
     () => apiAll("hospitals/"),
     (hospitals) => {
       swap(stats, ...statCards(hospitals), chainHidden ? null : chainCard);
-      swap(hospitalsBox, hospitalTable(hospitals));
+      swap(
+        hospitalsBox,
+        hospitalTable(hospitals, { labelledBy: "overview-hospitals-title", withDataset: false }),
+      );
     },
   );
 
@@ -190,36 +193,6 @@ function statCards(hospitals) {
     card("Hospitals offline", offline, "hospitals-offline", "enrolled but not heard from lately"),
     card("Not enrolled yet", waiting, "hospitals-waiting", "asked to join, or approved without an agent"),
   ];
-}
-
-function hospitalTable(hospitals) {
-  if (!hospitals.length) return el("p", { class: "muted" }, "No hospital yet.");
-  const columns = ["Hospital", "Status", "Connection", "Last heartbeat", "Agent"];
-  return el(
-    "table",
-    { "aria-labelledby": "overview-hospitals-title" },
-    el("thead", {}, el("tr", {}, columns.map((label) => el("th", { scope: "col" }, label)))),
-    el(
-      "tbody",
-      {},
-      hospitals.map((h) =>
-        el(
-          "tr",
-          { "data-testid": `hospital-row-${h.slug}` },
-          el("td", {}, el("a", { href: `#/hospitals/${h.slug}` }, h.name)),
-          el("td", {}, hospitalStatusBadge(h.status)),
-          el("td", {}, connectionBadge(h)),
-          el("td", { title: h.last_seen_at ? new Date(h.last_seen_at).toLocaleString() : null }, ago(h.last_seen_at)),
-          el(
-            "td",
-            {},
-            agentStatusBadge(h.agent_status),
-            h.agent_version ? el("span", { class: "muted" }, ` v${h.agent_version}`) : null,
-          ),
-        ),
-      ),
-    ),
-  );
 }
 
 function jobTable(rows) {
