@@ -93,6 +93,7 @@ from platform_setup import (
     stop_processes,
     worker_command,
 )
+from report import table, today
 
 GOAL_MIB = 1024.0
 KiB = 1024
@@ -492,6 +493,42 @@ def show(r: dict[str, Any]) -> None:
         print(f"  {name:<44} {value:>16}")
     verdict = "met" if r["goal_met"] else "NOT met"
     print(f"  peak under {r['goal_mib']:g} MiB (1 GiB): {verdict}")
+
+
+def markdown(r: dict[str, Any]) -> str:
+    """The section's table for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    a = r["agent"]
+    share = 100 * a["wait_ms"] / max(a["wait_ms"] + a["compute_ms"], 1e-9)
+    load = " → ".join(f"{x:.1f}" for x in r["load_average"])
+    return (
+        table(
+            [
+                f"run ({today()})",
+                "waiting / computing per step",
+                "waiting share",
+                "agent `VmHWM`",
+                "`VmRSS` idle before turn → peak (sampled)",
+                "worker `VmHWM`",
+                f"turn wall ({r['turn_steps']} steps)",
+                f"load avg ({r['cpus']} CPUs)",
+                f"< {r['goal_mib']:g} MiB",
+            ],
+            [
+                [
+                    f"{r['model']} {'x'.join(map(str, r['input_shape']))} b{r['batch_size']}",
+                    f"{a['wait_ms']:.1f} / {a['compute_ms']:.1f} ms",
+                    f"{share:.0f} %",
+                    mib(r["vm_hwm"]),
+                    f"{mib(r['rss_idle'])} → {mib(r['rss_peak_sampled'])}",
+                    mib(r["worker_vm_hwm"]),
+                    f"{a['turn_wall_s']:.1f} s",
+                    load,
+                    "**yes**" if r["goal_met"] else "**no**",
+                ]
+            ],
+        )
+        + f"\n\nThe agent's own log line: `{a['line']}`."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from report import table, today
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "platform"))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/medsplit_bench")
@@ -239,6 +241,36 @@ def print_tables(figures: dict[str, object], env: dict[str, object]) -> None:
     print(
         f"goal p95 < {goal['goal_p95_ms']} ms with one writer: "
         f"{'met' if goal['met'] else 'NOT met'} ({goal['single_writer_p95_ms']} ms)"
+    )
+
+
+def markdown(result: dict[str, object]) -> str:
+    """The section's tables for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    cases = table(
+        [f"case ({today()})", "p50 ms", "p95 ms", "p99 ms", "appends/s"],
+        (
+            [
+                row["case"],
+                f"{row['p50_ms']:.3f}",
+                f"{row['p95_ms']:.3f}",
+                f"{row['p99_ms']:.3f}",
+                f"{row['per_s']:,}",
+            ]
+            for row in result["append"]  # type: ignore[union-attr]
+        ),
+    )
+    ratios = "; ".join(
+        f"{label.split(':')[0]}: p50 ×{r['p50_ms']}, p95 ×{r['p95_ms']}, throughput ×{r['per_s']}"
+        for label, r in result["ratios"].items()  # type: ignore[union-attr]
+    )
+    goal, verify = result["goal"], result["verify"]
+    verdict = "met" if goal["met"] else "**not met**"  # type: ignore[index]
+    return (
+        f"{cases}\n\nRatios of `audit_record` over plain INSERT: {ratios}. "
+        f"**Goal p95 < {goal['goal_p95_ms']} ms with one writer: {verdict}** "  # type: ignore[index]
+        f"({goal['single_writer_p95_ms']} ms). Verifying the chain read "  # type: ignore[index]
+        f"{verify['verify_rows_per_s']:,} rows/s (×{verify['ratio']} the time of streaming "  # type: ignore[index]
+        "the same rows unchecked)."
     )
 
 

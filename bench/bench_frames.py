@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from report import table, today
 
 from medsplit.modes import Mode
 from medsplit.wire import (
@@ -160,6 +161,35 @@ def print_tables(over: list[dict[str, object]], through: list[dict[str, object]]
             f"{row['workload']:<22} {row['codec']:<6} {wire:>8.3f} {row['copy_MBps']:>10.0f} "
             f"{row['codec_MBps']:>11.0f} {row['time_ratio']:>11.2f}"
         )
+
+
+def markdown(result: dict[str, object]) -> str:
+    """The section's tables for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    over = table(
+        ["workload", "raw bytes", "frame bytes", "ratio", "goal (> 64 KiB)"],
+        (
+            [
+                row["workload"],
+                f"{row['raw_bytes']:,}",
+                f"{row['frame_bytes']:,}",
+                f"{row['ratio']:.4f}",
+                (f"≤ {OVERHEAD_GOAL}: " + ("met" if row["meets_goal"] else "**not met**"))
+                if row["goal_applies"]
+                else "–",
+            ]
+            for row in result["overhead"]  # type: ignore[union-attr]
+        ),
+    )
+    rows: dict[str, dict[str, float]] = {}
+    for row in result["throughput"]:  # type: ignore[union-attr]
+        rows.setdefault(row["workload"], {})[row["codec"]] = row["time_ratio"]
+    through = table(
+        ["workload", *CODECS],
+        ([label, *(f"{codecs[c]:.2f}" for c in CODECS)] for label, codecs in rows.items()),
+    )
+    return (
+        f"Measured {today()}.\n\n{over}\n\nencode + decode time over the copy's time:\n\n{through}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

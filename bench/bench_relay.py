@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable
 
 import redis
+from report import table, today
 
 from medsplit.channel import RedisChannel
 
@@ -36,6 +37,9 @@ def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+GOAL = 1.2
 
 
 def bench(url: str, repeats: int) -> list[dict[str, object]]:
@@ -79,6 +83,26 @@ def bench(url: str, repeats: int) -> list[dict[str, object]]:
         client.close()
         channel.close()
     return rows
+
+
+def markdown(result: dict[str, object]) -> str:
+    """The section's table for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    return (
+        table(
+            [f"payload ({today()})", "RedisChannel ms", "SET+GET ms", "ratio", "goal"],
+            (
+                [
+                    row["payload"],
+                    f"{row['channel_ms']:.3f}",
+                    f"{row['set_get_ms']:.3f}",
+                    f"**{row['ratio']:.2f}**",
+                    f"≤ {GOAL}" + ("" if row["ratio"] <= GOAL else ": **not met**"),
+                ]
+                for row in result["rows"]  # type: ignore[union-attr]
+            ),
+        )
+        + f"\n\nMedians of {result['repeats']} interleaved round trips."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

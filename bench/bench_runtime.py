@@ -84,6 +84,7 @@ from platform_setup import (
     stop_processes,
     worker_command,
 )
+from report import table, today
 
 GOAL_RATIO = 1.15
 MiB = 1 << 20
@@ -610,6 +611,72 @@ def show(result: dict[str, Any]) -> None:
         print(f"  baseline samples ranged {lo:,} .. {hi:,} B (other users of Redis show here)")
         verdict = "within" if memory["within_bound"] else "OVER"
         print(f"  peak - baseline is {verdict} the bound")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The section's tables for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    parts = []
+    steps = result.get("steps")
+    if steps:
+        p = steps["paths"]
+        verdict = "met" if steps["goal_met"] else "**not met**"
+        parts.append(
+            table(
+                [
+                    f"run ({today()})",
+                    "in-memory baseline, median ms (steps/s)",
+                    "Redis + Celery, median ms (steps/s)",
+                    "ratio, median (mean)",
+                    "two threads in memory, median ms",
+                    "goal",
+                ],
+                [
+                    [
+                        f"{steps['model']} {'x'.join(map(str, steps['input_shape']))} "
+                        f"b{steps['batch_size']}",
+                        f"{p['splitjob']['median_s'] * 1e3:.1f} "
+                        f"({p['splitjob']['steps_per_s']:.3f})",
+                        f"{p['redis']['median_s'] * 1e3:.1f} ({p['redis']['steps_per_s']:.3f})",
+                        f"**{steps['ratio_median']:.3f}** ({steps['ratio_mean']:.3f})",
+                        f"{p['threads']['median_s'] * 1e3:.1f}",
+                        f"≤ {steps['goal']}: {verdict}",
+                    ]
+                ],
+            )
+            + f"\n\n{steps['bytes_per_step']:,.0f} bytes cross the relay per step; largest "
+            f"frame {steps['largest_frame']:,} bytes."
+        )
+    memory = result.get("memory")
+    if memory:
+        parts.append(
+            table(
+                [
+                    f"turn ({today()})",
+                    "baseline",
+                    "peak during turn",
+                    "peak − baseline",
+                    "bound over baseline",
+                    "this turn's keys, peak",
+                    "within",
+                ],
+                [
+                    [
+                        f"{memory['steps']} steps {memory['model']}",
+                        f"{memory['baseline_used_memory']:,} B",
+                        f"{memory['peak_used_memory']:,} B",
+                        f"{memory['peak_minus_baseline']:,} B "
+                        f"({memory['peak_minus_baseline'] / MiB:.2f} MiB)",
+                        f"{memory['bound_over_baseline']:,} B "
+                        f"({memory['bound_over_baseline'] / MiB:.2f} MiB)",
+                        f"{memory['own_keys_peak']:,} B",
+                        "yes" if memory["within_bound"] else "**no**",
+                    ]
+                ],
+            )
+            + f"\n\nLargest frame {memory['largest_frame']:,} bytes; `used_memory` after the "
+            f"turn {memory['after_used_memory']:,} B."
+        )
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+from report import table, today
 
 from medsplit.channel import InMemoryChannel, StreamPair
 from medsplit.cutting import split_model
@@ -39,7 +40,33 @@ from medsplit.protocol.roles import StepIds
 GOAL = 1.10
 
 
-def main() -> int:
+def markdown(result: dict[str, object]) -> str:
+    """The section's table for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    r = result
+    return (
+        table(
+            [
+                "date",
+                "unsplit step (median)",
+                "split step (median)",
+                "split / unsplit (median, min–max)",
+                "goal",
+            ],
+            [
+                [
+                    today(),
+                    f"{r['unsplit_step_s_median'] * 1e3:.1f} ms",  # type: ignore[operator]
+                    f"{r['split_step_s_median'] * 1e3:.1f} ms",  # type: ignore[operator]
+                    f"**{r['ratio_median']:.3f}** ({r['ratio_min']:.3f}–{r['ratio_max']:.3f})",
+                    f"≤ {r['goal']}",
+                ]
+            ],
+        )
+        + f"\n\n{r['wire_bytes_per_step']:,} bytes cross the cut per step."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="densenet121")
     parser.add_argument("--cut", default="features.denseblock1")
@@ -48,7 +75,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     shape = tuple(int(s) for s in args.input_shape.split(","))
     model = build_model(args.model, in_channels=shape[0], seed=0)

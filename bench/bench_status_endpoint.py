@@ -29,12 +29,38 @@ import threading
 import time
 from pathlib import Path
 
+from report import table, today
+
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = ROOT / "platform"
 GOAL = 1.2
 
 
-def main() -> int:
+def markdown(result: dict) -> str:
+    """The section's table for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    rows = table(
+        [f"audit rows ({today()})", "req/s", "p50 ms", "p95 ms", "errors"],
+        (
+            [
+                f"{int(size):,}",
+                f"{f['rps_median']:.1f}",
+                f"{f['p50_ms_median']:.2f}",
+                f"{f['p95_ms_median']:.2f}",
+                f["errors"],
+            ]
+            for size, f in result["audit_rows"].items()
+        ),
+    )
+    return (
+        f"{rows}\n\nreq/s small / large: **{result['rps_ratio_small_over_large']:.3f}**; "
+        f"p95 large / small: **{result['p95_ratio_large_over_small']:.3f}** "
+        f"(goal ≤ {result['goal']}). {result['clients']} clients, "
+        f"{result['requests_per_client_per_run']} requests each per run, {result['runs']} "
+        f"alternating runs, {result['gunicorn_workers']} gunicorn workers per server."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--sizes", type=int, nargs=2, default=[1_000, 100_000])
@@ -44,7 +70,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per server")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--seed", help=argparse.SUPPRESS)  # internal: seed one database
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.seed:
         return _seed(int(args.seed))
 

@@ -1,0 +1,173 @@
+"""Run every benchmark and rewrite its tables in ``docs/benchmarks.md``.
+
+Run from the repository root, with PostgreSQL and Redis reachable::
+
+    .venv/bin/python bench/run_all.py                  # every benchmark, default sizes
+    .venv/bin/python bench/run_all.py --quick          # smaller runs (minutes, noisier)
+    .venv/bin/python bench/run_all.py --only bench_relay bench_traffic
+    .venv/bin/python bench/run_all.py --list
+
+Each benchmark runs as its own process (``python bench/NAME.py --json ...``), one after
+the other, so that no two compete for the cores. Its JSON is kept under ``--results``
+(default ``var/bench/<date>/``), then the script's ``markdown(result)`` renders the tables
+that replace the part between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the
+document; the prose around the markers is written by hand and stays. The document is
+rewritten after each benchmark, so a failure later on keeps what was measured. A failed
+benchmark leaves its section as it was; the command then exits with 1 and names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from report import SectionError, replace_section, sections, today
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+DOC = REPO / "docs" / "benchmarks.md"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One script: its arguments for a full run and for ``--quick``, and how long it takes."""
+
+    name: str
+    minutes: float
+    args: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# In the document's order. Minutes are what a full run took on the 2-core machine.
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("bench_split_step", 1, ("--repeats", "15"), ("--repeats", "5")),
+    Benchmark("bench_frames", 2, ("--repeats", "9"), ("--repeats", "3")),
+    Benchmark("bench_audit", 1, (), ("--appends", "800")),
+    Benchmark(
+        "bench_status_endpoint",
+        4,
+        ("--runs", "6", "--requests", "250"),
+        ("--runs", "2", "--requests", "100", "--sizes", "1000", "20000"),
+    ),
+    Benchmark("bench_relay", 1, (), ("--repeats", "9")),
+    Benchmark("bench_runtime", 6, (), ("--steps", "10", "--memory-steps", "300")),
+    Benchmark("bench_agent", 3, (), ("--steps", "10")),
+)
+
+
+def by_name() -> dict[str, Benchmark]:
+    return {b.name: b for b in BENCHMARKS}
+
+
+class BenchmarkFailed(RuntimeError):
+    """A benchmark exited with an error or printed something other than one JSON object."""
+
+
+def run_one(bench: Benchmark, quick: bool, results: Path) -> dict:
+    """Run ``bench`` as its own process; keep and return its JSON."""
+    args = bench.quick if quick else bench.args
+    command = [sys.executable, str(BENCH / f"{bench.name}.py"), "--json", *args]
+    # Logs and progress go straight to this terminal; only stdout is captured.
+    done = subprocess.run(
+        command, cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, **bench.env}
+    )
+    if done.returncode != 0:
+        raise BenchmarkFailed(f"{bench.name} exited with {done.returncode}")
+    try:
+        result = json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        raise BenchmarkFailed(
+            f"{bench.name} did not print one JSON object on stdout ({exc}); "
+            f"it began: {done.stdout[:200]!r}"
+        ) from exc
+    result.setdefault("command", " ".join([".venv/bin/python", *command[1:]]))
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{bench.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def render(name: str, result_file: Path) -> str:
+    """The script's ``markdown(result)``, computed in a fresh process: importing some
+    benchmarks sets up Django with their own settings, which must not leak into the next."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "module = __import__(sys.argv[2]); "
+        "print(module.markdown(json.load(open(sys.argv[3]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(BENCH), name, str(result_file)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise BenchmarkFailed(f"{name}.markdown failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for a first look")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these benchmarks only")
+    parser.add_argument("--skip", nargs="+", metavar="NAME", default=[], help="leave these out")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the document to rewrite")
+    parser.add_argument(
+        "--results", type=Path, help="where each JSON result is kept (default var/bench/DATE)"
+    )
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and stop")
+    args = parser.parse_args(argv)
+    known = by_name()
+    for name in [*(args.only or []), *args.skip]:
+        if name not in known:
+            parser.error(f"no benchmark named {name!r}; known: {', '.join(known)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    chosen = [
+        b for b in BENCHMARKS if (not args.only or b.name in args.only) and b.name not in args.skip
+    ]
+    if args.list:
+        for b in BENCHMARKS:
+            print(f"{b.name:<24} ~{b.minutes:g} min  {' '.join(b.args)}")
+        return 0
+    doc = args.doc.read_text()
+    missing = [b.name for b in chosen if b.name not in sections(doc)]
+    if missing:
+        # Checked before anything runs: an hour of measurements with nowhere to go helps nobody.
+        raise SystemExit(f"{args.doc} has no marked section for: {', '.join(missing)}")
+    results = args.results or REPO / "var" / "bench" / today()
+    total = sum(b.minutes for b in chosen)
+    print(f"{len(chosen)} benchmarks, about {total:g} minutes for full runs", flush=True)
+    failed: list[str] = []
+    for index, bench in enumerate(chosen, 1):
+        print(f"[{index}/{len(chosen)}] {bench.name} (~{bench.minutes:g} min)", flush=True)
+        start = time.monotonic()
+        try:
+            run_one(bench, args.quick, results)
+            body = render(bench.name, results / f"{bench.name}.json")
+            doc = replace_section(args.doc.read_text(), bench.name, body)
+        except (BenchmarkFailed, SectionError) as exc:
+            print(f"[{index}/{len(chosen)}] {bench.name} FAILED: {exc}", flush=True)
+            failed.append(bench.name)
+            continue
+        args.doc.write_text(doc)
+        minutes = (time.monotonic() - start) / 60
+        print(f"[{index}/{len(chosen)}] {bench.name} done in {minutes:.1f} min", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)} (their sections were left as they were)")
+        return 1
+    print(f"{args.doc} rewritten; results in {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
