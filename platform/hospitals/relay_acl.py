@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import redis
@@ -161,18 +161,26 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_PATTERN = re.compile(r"^[A-Za-z0-9:*_.-]+$")
 
 
-def handoff_rules(slug: str) -> list[str]:
-    """Hospital ``slug`` writes hand-offs it sends and reads those addressed to it."""
+def handoff_rules(slug: str, *, selectors: bool = True) -> list[str]:
+    """Hospital ``slug`` writes hand-offs it sends and reads those addressed to it.
+
+    Without ``selectors`` (Redis 6 has no ``%R~``/``%W~``), both patterns are plain ``~``:
+    the hospital may then also read what it sent (its own weights) and write or delete
+    what is addressed to it, which only harms itself: a hand-off is sealed by its sender,
+    so anything else written there is refused on opening (``medsplit.protocol.sealing``).
+    """
+    write, read = ("%W~", "%R~") if selectors else ("~", "~")
     return [
-        f"%W~{HANDOFF_PREFIX}:to:*:from:{slug}:job:*",
-        f"%R~{HANDOFF_PREFIX}:to:{slug}:from:*",
+        f"{write}{HANDOFF_PREFIX}:to:*:from:{slug}:job:*",
+        f"{read}{HANDOFF_PREFIX}:to:{slug}:from:*",
     ]
 
 
 def agent_acl_rules(
-    *, username: str, password_sha256: str, key_patterns: Sequence[str]
+    *, username: str, password_sha256: str, key_patterns: Sequence[str], selectors: bool = True
 ) -> list[str]:
-    """The arguments of ``ACL SETUSER`` after the user name, for a hospital's agent.
+    """The arguments of ``ACL SETUSER`` after the user name, for a hospital's agent
+    (``selectors``: see :func:`handoff_rules`).
 
     Raises:
         ValueError: not a hospital user name, not a SHA-256, or a pattern that is not
@@ -189,7 +197,7 @@ def agent_acl_rules(
         f"#{password_sha256}",
         "resetchannels",
         *(f"~{p}" for p in patterns),
-        *handoff_rules(match.group(1)),
+        *handoff_rules(match.group(1), selectors=selectors),
         "-@all",
         *(f"+{c}" for c in AGENT_COMMANDS),
     ]
@@ -259,24 +267,52 @@ class RedisAclUsers:
     def provision(
         self, *, username: str, password_sha256: str, key_patterns: Sequence[str]
     ) -> None:
-        rules = agent_acl_rules(
-            username=username, password_sha256=password_sha256, key_patterns=key_patterns
-        )
+        def rules(client: redis.Redis) -> list[str]:
+            return agent_acl_rules(
+                username=username,
+                password_sha256=password_sha256,
+                key_patterns=key_patterns,
+                selectors=self._has_selectors(client),
+            )
+
         self._setuser(username, rules)
 
     def provision_workers(self, *, username: str, password_sha256: str) -> None:
         """Create or replace the workers' own user (see :func:`worker_acl_rules`)."""
-        self._setuser(username, worker_acl_rules(password_sha256=password_sha256))
+        self._setuser(username, lambda _: worker_acl_rules(password_sha256=password_sha256))
 
-    def _setuser(self, username: str, rules: list[str]) -> None:
+    def _setuser(self, username: str, rules: Callable[[redis.Redis], list[str]]) -> None:
         client = self._admin()
         try:
-            client.execute_command("ACL", "SETUSER", username, *rules)
+            client.execute_command("ACL", "SETUSER", username, *rules(client))
+            self._save(client)
         except redis.RedisError as e:
             raise self._failed(client, f"create relay user {username}", e) from e
         finally:
             client.close()
         logger.info("relay user %s provisioned", username)
+
+    def _has_selectors(self, client: redis.Redis) -> bool:
+        version = str(client.info("server")["redis_version"])
+        if int(version.split(".")[0]) >= 7:
+            return True
+        logger.warning(
+            "the relay runs Redis %s, which has no read-only or write-only key rules "
+            "(7.0 has): hospitals' hand-off keys are read-write for their own user, and "
+            "only the seal protects them",
+            version,
+        )
+        return False
+
+    def _save(self, client: redis.Redis) -> None:
+        """``ACL SAVE`` where Redis keeps its users in an ACL file, so that they survive
+        a restart of a relay that keeps no data; a Redis without one has nothing to save."""
+        try:
+            client.execute_command("ACL", "SAVE")
+        except redis.ResponseError as e:
+            if "acl file" not in str(e).lower():
+                raise
+            logger.debug("the relay keeps no ACL file; users last until it restarts")
 
     def revoke(self, *, username: str) -> None:
         """``ACL DELUSER`` (which on Redis 7 also disconnects the user's clients), then
@@ -284,6 +320,7 @@ class RedisAclUsers:
         client = self._admin()
         try:
             deleted = client.execute_command("ACL", "DELUSER", username)
+            self._save(client)
             try:
                 client.execute_command("CLIENT", "KILL", "USER", username)
             except redis.ResponseError as e:

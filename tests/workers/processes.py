@@ -76,7 +76,9 @@ class Processes:
         self.started[name] = process
         return process
 
-    def celery_worker(self, name: str) -> subprocess.Popen:
+    def celery_worker(
+        self, name: str, pool: tuple[str, ...] = ("--pool=solo",)
+    ) -> subprocess.Popen:
         return self.start(
             name,
             [
@@ -86,7 +88,7 @@ class Processes:
                 "-A",
                 "workers.celery_app",
                 "worker",
-                "--pool=solo",
+                *pool,
                 "-Q",
                 self.env["MEDSPLIT_CELERY_QUEUE"],
                 "-n",
@@ -234,11 +236,13 @@ def redis_server_binary() -> str:
 
 @dataclass
 class RedisServer:
-    """A redis-server of the test's own, keeping nothing on disk, that can be restarted."""
+    """A redis-server of the test's own, keeping no data on disk, that can be restarted."""
 
     folder: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    binary: str = field(default_factory=redis_server_binary)
+    extra_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -248,7 +252,7 @@ class RedisServer:
         log = open(self.folder / "redis-server.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
             [
-                redis_server_binary(),
+                self.binary,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -259,6 +263,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.folder),
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
