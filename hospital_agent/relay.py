@@ -29,17 +29,26 @@ class HandoffMissing(MedSplitError):
 class Relay:
     """This hospital's view of the relay, as its own Redis user."""
 
-    def __init__(self, credentials: Credentials, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, credentials: Credentials, *, timeout: float = 30.0, ca_bundle: str | None = None
+    ) -> None:
+        """``ca_bundle``: the CA file that checks a ``rediss://`` relay's certificate (the
+        agent's ``ca_bundle``, which also checks the coordinator's); default: the system's."""
         self.credentials = credentials
         self.url = credentials.relay()
         self.timeout = timeout
+        tls = self.url.startswith("rediss://")
+        self._tls = {"ssl_ca_certs": ca_bundle} if tls and ca_bundle else {}
 
     def channel(self) -> RedisChannel:
-        return RedisChannel(self.url, socket_timeout=self.timeout)
+        return RedisChannel(self.url, socket_timeout=self.timeout, **self._tls)
 
     def _client(self) -> redis.Redis:
         return redis.Redis.from_url(
-            self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
+            self.url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            **self._tls,
         )
 
     def put_handoff(

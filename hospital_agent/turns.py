@@ -116,7 +116,7 @@ class TurnTaker:
         self.me = credentials.hospital
         self.key = key
         self.coordinator = coordinator
-        self.relay = Relay(credentials)
+        self.relay = Relay(credentials, ca_bundle=config.ca_bundle)
         self.stopping = stopping
         self.on_status = on_status
         self._data: dict[tuple, LocalData] = {}

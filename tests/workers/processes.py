@@ -77,8 +77,9 @@ class Processes:
         return process
 
     def celery_worker(
-        self, name: str, pool: tuple[str, ...] = ("--pool=solo",)
+        self, name: str, pool: tuple[str, ...] = ("--pool=solo",), queues: str | None = None
     ) -> subprocess.Popen:
+        """A worker consuming ``queues`` (comma-separated; default: the test's queue)."""
         return self.start(
             name,
             [
@@ -90,7 +91,7 @@ class Processes:
                 "worker",
                 *pool,
                 "-Q",
-                self.env["MEDSPLIT_CELERY_QUEUE"],
+                queues or self.env["MEDSPLIT_CELERY_QUEUE"],
                 "-n",
                 f"{name}-{uuid.uuid4().hex[:6]}@localhost",
                 "--without-gossip",

@@ -1,0 +1,59 @@
+"""The agent reaches a ``rediss://`` relay whose certificate its ``ca_bundle`` vouches
+for, both for the turn's streams and for sealed hand-offs, and refuses one it does not."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from hospital_agent.identity import Credentials
+from hospital_agent.relay import Relay
+from medsplit.errors import ChannelError
+from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
+from tests.medsplit.test_redis_tls import tls_redis
+
+__all__ = ["tls_redis"]
+
+
+def _relay(url: str, slug: str, ca_bundle: str | None) -> Relay:
+    host = url.split("://", 1)[1]
+    # The TLS test server has only its default user, without a password.
+    credentials = Credentials(slug, "t", f"rediss://{host}", "default", "")
+    return Relay(credentials, timeout=5, ca_bundle=ca_bundle)
+
+
+def test_hand_offs_and_frames_cross_a_tls_relay_checked_with_the_agents_ca(tls_redis) -> None:
+    url, ca = tls_redis
+    a, b = _relay(url, "a", str(ca)), _relay(url, "b", str(ca))
+    a_key, b_key = generate_private_key(), generate_private_key()
+    job = f"test-{uuid.uuid4().hex[:6]}"
+    context = SealContext(job=job, round=0, sender="a", recipient="b")
+    digest, _ = a.put_handoff(
+        job=job, state=b"weights", key=a_key, recipient="b",
+        recipient_public_key=public_key_b64(b_key), context=context,
+    )  # fmt: skip
+    taken = b.take_handoff(
+        job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+        context=context, expected_sha256=digest, wait=1, stopping=threading.Event(),
+    )  # fmt: skip
+    assert taken == b"weights"
+    sender, receiver = a.channel(), b.channel()
+    try:
+        sender.send("medsplit:tls:a:up", b"frame")
+        assert receiver.receive("medsplit:tls:a:up", timeout=5) == b"frame"
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_relay_the_agent_cannot_vouch_for_is_refused(tls_redis) -> None:
+    url, _ = tls_redis
+    relay = _relay(url, "a", None)  # the system's CAs do not know the test's certificate
+    with pytest.raises(ChannelError, match="hand-off"):
+        relay.put_handoff(
+            job=1, state=b"w", key=generate_private_key(), recipient="b",
+            recipient_public_key=public_key_b64(generate_private_key()),
+            context=SealContext(job="1", round=0, sender="a", recipient="b"),
+        )  # fmt: skip
