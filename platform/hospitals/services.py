@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from secrets import token_urlsafe
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -461,6 +462,16 @@ def _enrol(
     return Enrolment(hospital=hospital, token=token, relay=relay)
 
 
+def relay_url_for_agents() -> str:
+    """The relay's address as handed to agents: ``MEDSPLIT_RELAY_URL``, else ``REDIS_URL``
+    stripped of its user, password and options. ``REDIS_URL`` is the coordinator's admin
+    connection: its password must never reach a hospital, and its options (a CA file's
+    path, say) name files on the coordinator's host."""
+    parts = urlsplit(settings.MEDSPLIT.get("RELAY_URL") or settings.MEDSPLIT["REDIS_URL"])
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def _provision_relay_user(hospital: Hospital, now: datetime) -> RelayCredentials:
     """Create or replace the hospital's relay user with a fresh password (shown once)."""
     password = token_urlsafe(_RELAY_PASSWORD_BYTES)
@@ -481,7 +492,7 @@ def _provision_relay_user(hospital: Hospital, now: datetime) -> RelayCredentials
     # Last, so that a relay that refuses rolls the whole enrolment back.
     get_provisioner().provision(username=username, password_sha256=digest, key_patterns=[pattern])
     return RelayCredentials(
-        url=settings.MEDSPLIT["REDIS_URL"],
+        url=relay_url_for_agents(),
         username=username,
         password=password,
         key_pattern=pattern,

@@ -358,6 +358,33 @@ def test_only_a_consortium_admin_lifts_a_suspension(client_as, hospital_a) -> No
 # -- enrolment ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("redis_url", "relay_url", "handed_out"),
+    [
+        # The coordinator's admin URL: its password and options stay on the coordinator.
+        (
+            "rediss://default:admin-secret-0123@relay.internal:6380/0?ssl_ca_certs=/etc/ca.pem",
+            "",
+            "rediss://relay.internal:6380/0",
+        ),
+        # The address hospitals reach the relay at, where it differs from the coordinator's.
+        (
+            "redis://default:admin-secret-0123@10.0.0.5:6379/0",
+            "rediss://relay.example.org:6380/0",
+            "rediss://relay.example.org:6380/0",
+        ),
+    ],
+)
+def test_the_relay_url_handed_to_an_agent_never_holds_the_coordinators_credentials(
+    approved_hospital, recorder, settings, redis_url: str, relay_url: str, handed_out: str
+) -> None:
+    settings.MEDSPLIT = {**settings.MEDSPLIT, "REDIS_URL": redis_url, "RELAY_URL": relay_url}
+    response = enrol(issue_code(approved_hospital), new_public_key())
+    assert response.status_code == 201, response.content
+    assert response.json()["relay"]["url"] == handed_out
+    assert b"admin-secret" not in response.content
+
+
 def test_an_agent_enrols_once_and_gets_its_token_and_relay_user(
     approved_hospital, recorder
 ) -> None:
