@@ -462,6 +462,37 @@ def _enrol(
     return Enrolment(hospital=hospital, token=token, relay=relay)
 
 
+def relay_users_restore(*, actor: Actor) -> list[str]:
+    """Apply every hospital's live relay user to the relay again, from the SHA-256 of its
+    password kept here: after a relay restart that lost its users (a Redis without an ACL
+    file) or a move to a new relay. Revoked users are not restored. Safe to run twice.
+
+    Returns:
+        The user names applied, in order.
+
+    Raises:
+        RelayProvisioningFailed: the relay refused or could not be reached; the users
+            applied before the failure stay applied, and running it again finishes.
+    """
+    credentials = RedisCredential.objects.filter(revoked_at__isnull=True).order_by("username")
+    provisioner = get_provisioner()
+    restored = []
+    for credential in credentials:
+        provisioner.provision(
+            username=credential.username,
+            password_sha256=credential.password_sha256,
+            key_patterns=[credential.key_pattern],
+        )
+        restored.append(credential.username)
+    audit_record(
+        actor=actor,
+        action="relay.users_restored",
+        target="relay",
+        details={"users": restored},
+    )
+    return restored
+
+
 def relay_url_for_agents() -> str:
     """The relay's address as handed to agents: ``MEDSPLIT_RELAY_URL``, else ``REDIS_URL``
     stripped of its user, password and options. ``REDIS_URL`` is the coordinator's admin

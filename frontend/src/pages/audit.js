@@ -46,6 +46,7 @@ const ACTIONS = [
   "auth.signed_out",
   "auth.sign_in_failed",
   "relay.workers_user_provisioned",
+  "relay.users_restored",
 ];
 
 // -- the hash's query ---------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Relay users on a redis-server of the test's own: kept across a restart where Redis
-keeps its users in an ACL file (as docker-compose.yml runs it), and made with plain key
-patterns on Redis 6, which has no read-only or write-only key rules."""
+keeps its users in an ACL file (as docker-compose.yml runs it), restored from the
+database with ``manage.py relay_users_restore`` where it does not, and made with plain
+key patterns on Redis 6, which has no read-only or write-only key rules."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import subprocess
 from collections.abc import Callable, Iterator
@@ -12,8 +14,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+from django.utils import timezone
 
+from audit.models import AuditEvent
+from hospitals.models import RedisCredential
 from hospitals.relay_acl import RedisAclUsers, handoff_key, relay_key_pattern, relay_username
+from tests.platform_apps.conftest import make_hospital
 from tests.workers.processes import RedisServer
 
 PASSWORD = "a-long-relay-password-for-tests"
@@ -129,5 +137,44 @@ def test_on_redis_6_hand_offs_are_reached_through_plain_key_patterns(
         # What Redis 6 cannot tell apart, and the seal covers: the recipient may write
         # where it reads.
         b.set(to_south, b"overwritten by the recipient itself")
+    finally:
+        server.stop()
+
+
+@pytest.mark.django_db
+def test_relay_users_restore_applies_every_live_user_from_the_database(
+    tmp_path: Path, settings
+) -> None:
+    server = RedisServer(tmp_path)  # keeps no ACL file: a restart loses every user
+    server.start()
+    try:
+        for slug, revoked in (("north", False), ("south", False), ("west", True)):
+            RedisCredential.objects.create(
+                hospital=make_hospital(slug),
+                username=relay_username(slug),
+                password_sha256=_sha(PASSWORD),
+                key_pattern=relay_key_pattern(slug),
+                revoked_at=timezone.now() if revoked else None,
+            )
+        medsplit = {
+            **settings.MEDSPLIT,
+            "REDIS_URL": server.url,
+            "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+        }
+        with override_settings(MEDSPLIT=medsplit):
+            out = io.StringIO()
+            call_command("relay_users_restore", stdout=out)
+            assert out.getvalue().strip() == "2 relay users applied: hospital-north, hospital-south"
+            north = _as(server, relay_username("north"))
+            north.xadd("medsplit:1:north:up", {"frame": b"x"})
+            _denied(lambda: north.xadd("medsplit:1:south:up", {"frame": b"x"}))
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                _as(server, relay_username("west")).ping()
+            event = AuditEvent.objects.get(action="relay.users_restored")
+            assert event.details == {"users": ["hospital-north", "hospital-south"]}
+
+            server.stop()
+            with pytest.raises(CommandError, match="could not create relay user hospital-north"):
+                call_command("relay_users_restore", stdout=io.StringIO())
     finally:
         server.stop()
