@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # The coordinator's apps live in platform/ (not an importable package: see DESIGN.md).
@@ -16,9 +19,36 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
+
+
+def _metrics_folder() -> None:
+    """Turns run in the prefork pool's child processes and the main process serves the
+    metrics: prometheus_client's multiprocess mode, chosen when it is first imported (just
+    below), keeps each process's values in files in this folder. A fresh one per start,
+    removed at exit, unless the operator names one (it must then be empty and this
+    worker's own)."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="medsplit-worker-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    owner = os.getpid()
+
+    def remove() -> None:
+        # Pool children leave with os._exit (no atexit); this is for any other fork.
+        if os.getpid() == owner:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)
+
+
+if settings.MEDSPLIT["WORKER_METRICS_PORT"] is not None:
+    _metrics_folder()
+
 import torch  # noqa: E402
 from celery import Celery, signals  # noqa: E402
-from django.conf import settings  # noqa: E402
+
+from workers import metrics  # noqa: E402
 
 app = Celery("medsplit", include=["workers.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -30,3 +60,17 @@ def prepare_torch(**_: object) -> None:
     """Deterministic kernels, so a job's weights equal unsplit training (invariant 1)."""
     if settings.MEDSPLIT["DETERMINISTIC"]:
         torch.use_deterministic_algorithms(True)
+
+
+@signals.worker_ready.connect
+def serve_metrics(**_: object) -> None:
+    """This worker's metrics on MEDSPLIT_WORKER_METRICS_PORT, from its main process."""
+    port = settings.MEDSPLIT["WORKER_METRICS_PORT"]
+    if port is not None:
+        metrics.serve(port, settings.MEDSPLIT["WORKER_METRICS_ADDRESS"])
+
+
+@signals.worker_process_shutdown.connect
+def forget_pool_process(pid: int | None = None, **_: object) -> None:
+    """A pool child exiting: the turns it counted as in progress are not any more."""
+    metrics.forget_process(pid or os.getpid())

@@ -35,6 +35,7 @@ from training.runs import (
     turn_release,
 )
 from training.services import turn_fail, turn_record_progress
+from workers.metrics import TurnMeter
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,10 @@ def run(turn_id: int, *, runner: str) -> RunResult:
         round_index=claim.round_index,
         initial=lambda: export_parties({SERVER_PARTY: server_party(split, config)}),
     )
-    hooks = RunnerHooks(turn=turn, runner=runner, lease_seconds=lease)
+    # The server updates this object in place; the meter reads the bytes off it.
+    progress = TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down)
+    meter = TurnMeter(progress)
+    hooks = RunnerHooks(turn=turn, runner=runner, lease_seconds=lease, meter=meter)
     channel = RedisChannel(options["WORKER_REDIS_URL"])
     logger.info(
         "turn %s (job %s, round %s, %s): served by %s",
@@ -86,29 +90,33 @@ def run(turn_id: int, *, runner: str) -> RunResult:
         turn.hospital.slug,
         runner,
     )
-    try:
-        server = TurnServer(
-            ids=ids,
-            channel=channel,
-            streams=StreamPair.for_hospital(config.job, turn.hospital.slug),
-            split=split,
-            party=server_party(split, config),
-            store=store,
-            hooks=hooks,
-            batch_size=config.batch_size,
-            checkpoint_every=options["CHECKPOINT_EVERY"],
-            silence_timeout=options["TURN_SILENCE_SECONDS"],
-            initial=TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down),
-            # After a crash or a failed attempt, stale frames and counters may be left.
-            reset_streams=claim.taken_over or turn.attempt > 1,
-        )
-        outcome = server.run()
-    except MedSplitError as e:
-        return _failed(turn, runner, lease, e)
-    finally:
-        turn_release(turn_id=turn.pk, runner=runner)
-        channel.close()
-    return RunResult(outcome.value, job.pk, advance=outcome.value == "completed")
+    with meter:
+        try:
+            server = TurnServer(
+                ids=ids,
+                channel=channel,
+                streams=StreamPair.for_hospital(config.job, turn.hospital.slug),
+                split=split,
+                party=server_party(split, config),
+                store=store,
+                hooks=hooks,
+                batch_size=config.batch_size,
+                checkpoint_every=options["CHECKPOINT_EVERY"],
+                silence_timeout=options["TURN_SILENCE_SECONDS"],
+                initial=progress,
+                # After a crash or a failed attempt, stale frames and counters may be left.
+                reset_streams=claim.taken_over or turn.attempt > 1,
+            )
+            outcome = server.run()
+        except MedSplitError as e:
+            result = _failed(turn, runner, lease, e)
+        else:
+            result = RunResult(outcome.value, job.pk, advance=outcome.value == "completed")
+        finally:
+            turn_release(turn_id=turn.pk, runner=runner)
+            channel.close()
+        meter.outcome = result.outcome
+    return result
 
 
 def _failed(turn: Turn, runner: str, lease: float, error: Exception) -> RunResult:
@@ -129,10 +137,13 @@ class RunnerHooks:
     is renewed every third of its length, progress is stored at most every
     ``MEDSPLIT["METRICS_MIN_INTERVAL_SECONDS"]`` (and at the end)."""
 
-    def __init__(self, *, turn: Turn, runner: str, lease_seconds: float) -> None:
+    def __init__(
+        self, *, turn: Turn, runner: str, lease_seconds: float, meter: TurnMeter | None = None
+    ) -> None:
         self.turn = turn
         self.runner = runner
         self.lease_seconds = lease_seconds
+        self.meter = meter
         self.interval = settings.MEDSPLIT["METRICS_MIN_INTERVAL_SECONDS"]
         self._renewed = time.monotonic()
         self._reported = float("-inf")
@@ -147,6 +158,8 @@ class RunnerHooks:
         return answer
 
     def progress(self, progress: TurnProgress) -> None:
+        if self.meter is not None:  # once per step served: this worker's own metrics
+            self.meter.step()
         if time.monotonic() - self._reported >= self.interval:
             self._record(progress, final=False)
 

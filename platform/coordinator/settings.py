@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "hospitals",
     "training",
     "audit",
+    "monitoring",
 ]
 
 MIDDLEWARE = [
@@ -179,8 +180,11 @@ MEDSPLIT = {
     "ENROLMENT_CODE_TTL_SECONDS": int(os.environ.get("MEDSPLIT_ENROLMENT_TTL", "86400")),
     # Metrics of one turn are kept at most this often (bounded rate).
     "METRICS_MIN_INTERVAL_SECONDS": float(os.environ.get("MEDSPLIT_METRICS_INTERVAL", "1.0")),
-    # Where agents and workers reach the relay; handed to agents at enrolment.
+    # The relay as the coordinator's own (admin) user: it creates the hospitals' users.
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    # The relay as hospitals reach it, handed to agents at enrolment with their own user;
+    # default: REDIS_URL without its credentials and options (hospitals.services).
+    "RELAY_URL": os.environ.get("MEDSPLIT_RELAY_URL", ""),
     # Creates and removes the per-hospital Redis ACL users (see hospitals/relay_acl.py).
     "REDIS_ACL_PROVISIONER": os.environ.get(
         "MEDSPLIT_REDIS_ACL_PROVISIONER", "hospitals.relay_acl.NoRelayProvisioner"
@@ -205,12 +209,31 @@ MEDSPLIT = {
     "SWEEP_SECONDS": float(os.environ.get("MEDSPLIT_SWEEP_SECONDS", "5")),
     # Deterministic kernels in the workers, so that invariant 1 (exactness) holds.
     "DETERMINISTIC": os.environ.get("MEDSPLIT_DETERMINISTIC", "1") == "1",
+    # Bearer token Prometheus presents at GET /metrics (monitoring/); unset: only a signed-in
+    # consortium admin may read the metrics.
+    "METRICS_TOKEN": os.environ.get("MEDSPLIT_METRICS_TOKEN", ""),
+    # Port (and address) where each Celery worker serves its own Prometheus metrics
+    # (workers/metrics.py); unset: not served.
+    "WORKER_METRICS_PORT": (
+        int(os.environ["MEDSPLIT_WORKER_METRICS_PORT"])
+        if os.environ.get("MEDSPLIT_WORKER_METRICS_PORT")
+        else None
+    ),
+    "WORKER_METRICS_ADDRESS": os.environ.get("MEDSPLIT_WORKER_METRICS_ADDRESS", "0.0.0.0"),
 }
 
 # Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task
 # whose worker dies is delivered again; every task is safe to run twice.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or MEDSPLIT["WORKER_REDIS_URL"]
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("MEDSPLIT_CELERY_QUEUE", "celery")
+# A turn holds its worker process for minutes. Given a queue of their own, turns go to
+# workers that consume it, and the scheduler's short tasks to workers that no turn can
+# occupy (docs/deploy.md, "Scaling"). Unset: every task goes to the one queue above.
+CELERY_TASK_ROUTES = {
+    "medsplit.run_turn": {
+        "queue": os.environ.get("MEDSPLIT_CELERY_TURN_QUEUE") or CELERY_TASK_DEFAULT_QUEUE
+    }
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -1,5 +1,5 @@
-"""URL routes: the dashboard at /, the REST API under /api/, its schema and docs, and
-Django's admin."""
+"""URL routes: the dashboard at /, the REST API under /api/, its schema and docs,
+Prometheus metrics at /metrics, and Django's admin."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -7,12 +7,15 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from monitoring.views import MetricsView
+
 # The dashboard is one page that reads and writes through the API (session + CSRF).
 dashboard = ensure_csrf_cookie(TemplateView.as_view(template_name="index.html"))
 
 urlpatterns = [
     path("", dashboard, name="dashboard"),
     path("admin/", admin.site.urls),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("accounts.api.urls")),

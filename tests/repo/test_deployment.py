@@ -3,12 +3,16 @@ service there with a health check where it serves, and no secret in the reposito
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,8 +63,9 @@ def test_the_compose_file_is_valid_and_has_every_service(project: Path) -> None:
     for name in ("agent-1", "agent-2", "agent-3"):
         volumes = [str(v) for v in config["services"][name]["volumes"]]
         assert any("/var/lib/medsplit-agent" in v for v in volumes), "keys on its own volume"
-    command = config["services"]["redis"]["command"]
-    assert "--requirepass" in (command if isinstance(command, str) else " ".join(command))
+    redis = config["services"]["redis"]
+    assert redis["command"] == ["sh", "/usr/local/lib/medsplit/redis-start.sh"]
+    assert any(str(v).endswith("/data") or "relay-users" in str(v) for v in redis["volumes"])
 
 
 def test_a_missing_secret_is_refused_by_name(project: Path) -> None:
@@ -89,3 +94,59 @@ def test_no_secret_is_in_the_repository() -> None:
         text=True,
     )
     assert ignored.stdout.split() == ["deploy/secrets.env", "deploy/agent-1.env"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_relay(acl: Path, port: int, password: str) -> subprocess.Popen:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("no redis-server on this machine")
+    env = {**os.environ, "REDIS_PASSWORD": password, "REDIS_ACL_FILE": str(acl)}
+    env["REDIS_SERVER"] = server
+    process = subprocess.Popen(
+        ["sh", str(REPO / "deploy" / "redis-start.sh"), "--port", str(port), "--bind", "127.0.0.1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis(port=port, password=password, socket_timeout=1).ping()
+            return process
+        except redis.ConnectionError:
+            assert process.poll() is None, "redis-start.sh exited"
+            time.sleep(0.05)
+    process.kill()
+    raise AssertionError("the relay did not start")
+
+
+def test_the_relay_keeps_its_users_and_takes_the_password_of_each_start(tmp_path: Path) -> None:
+    """deploy/redis-start.sh, as the compose file's redis service runs it."""
+    acl, port = tmp_path / "users.acl", _free_port()
+    relay = _start_relay(acl, port, "first-password-0123456789")
+    try:
+        admin = redis.Redis(port=port, password="first-password-0123456789")
+        admin.execute_command(
+            "ACL", "SETUSER", "hospital-x", "on", ">pw-of-x", "~medsplit:*:x:*", "+ping"
+        )
+        admin.execute_command("ACL", "SAVE")
+        assert acl.stat().st_mode & 0o077 == 0, "the ACL file is for Redis's eyes only"
+        assert "first-password" not in acl.read_text(), "passwords are kept as SHA-256"
+    finally:
+        relay.kill()
+        relay.wait()
+    relay = _start_relay(acl, port, "second-password-0123456789")
+    try:
+        assert redis.Redis(port=port, username="hospital-x", password="pw-of-x").ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password="first-password-0123456789").ping()
+        assert acl.read_text().count("user default ") == 1
+    finally:
+        relay.kill()
+        relay.wait()
