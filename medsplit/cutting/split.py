@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -134,10 +135,59 @@ def build_segments(
             graph.output({name: env[node] for node, name in outgoing})
         else:
             graph.node_copy(nodes[-1], lookup)
+        _copy_inputs_changed_in_place(graph, gm)
         graph.lint()
         name = f"{class_prefix}{labels[seg].capitalize()}"
         segments.append(fx.GraphModule(gm, graph, class_name=name))
     return tuple(segments)
+
+
+_IN_PLACE_OPERATORS = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+    operator.ilshift, operator.irshift, operator.imatmul,
+}  # fmt: skip
+
+
+def _changes_in_place(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether ``node`` writes into its first input (``ReLU(inplace=True)``, ``x.add_()``,
+    ``x += y``, ``F.relu(x, inplace=True)``)."""
+    if node.op == "call_module":
+        return bool(getattr(gm.get_submodule(str(node.target)), "inplace", False))
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.endswith("__")
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        in_place_name = name.endswith("_") and not name.endswith("__")
+        return (
+            node.kwargs.get("inplace") is True
+            or in_place_name
+            or (node.target in _IN_PLACE_OPERATORS)
+        )
+    return False
+
+
+def _copy_inputs_changed_in_place(graph: fx.Graph, gm: fx.GraphModule) -> None:
+    """Give a segment's input that the segment changes in place a copy to change.
+
+    The side that runs a segment feeds it tensors received over the wire as autograd
+    leaves (to send their gradients back), and autograd refuses an in-place operation on
+    a leaf that requires grad: DenseNet121's head, cut after ``features.norm5``, begins
+    with ``ReLU(inplace=True)``. Every use then reads the copy, as every use in the whole
+    model read the tensor the operation changed; a clone's gradient is the identity, so
+    training stays exact.
+    """
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for placeholder in placeholders:
+        if not any(
+            _changes_in_place(user, gm) and user.args[:1] == (placeholder,)
+            for user in placeholder.users
+        ):
+            continue
+        with graph.inserting_after(placeholders[-1]):
+            copy = graph.call_method("clone", (placeholder,))
+        placeholder.replace_all_uses_with(copy, delete_user_cb=lambda user, c=copy: user is not c)
 
 
 def _check_reproduces(

@@ -176,3 +176,48 @@ def test_a_hand_off_that_drops_optimizer_state_is_caught() -> None:
         forgetful = ForgetfulJob(model, splits[0].images[:2], config)
         forgetful.run([Hospital(f"h{i}", s) for i, s in enumerate(splits)])
     assert not torch.equal(honest.state_dict()["1.weight"], forgetful.state_dict()["1.weight"])
+
+
+class InPlaceAfterCut(nn.Module):
+    """A layer right after each cut changes its input in place, as DenseNet121's head
+    does after ``features.norm5`` (``ReLU(inplace=True)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.front = nn.Linear(64, 32)
+        self.act = nn.ReLU(inplace=True)
+        self.middle = nn.Linear(32, 16)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.front(x.flatten(1)))
+        h = self.middle(h)
+        h += 1.0  # operator.iadd on the middle's output, right after the second cut
+        return self.head(h.relu_())
+
+
+@pytest.mark.parametrize(
+    ("mode", "cuts"), [(Mode.VANILLA, ("front",)), (Mode.USHAPED, ("front", "middle"))]
+)
+def test_a_segment_that_changes_its_input_in_place_trains_exactly(
+    mode: Mode, cuts: tuple[str, ...]
+) -> None:
+    config = TrainingConfig(
+        cuts=cuts, mode=mode, client_optimizer=SGD, server_optimizer=ADAM, batch_size=8
+    )
+    assert_exact(InPlaceAfterCut(), shares(160, 1), config)
+
+
+def test_densenet121_at_its_default_ushaped_cuts_is_exact() -> None:
+    """Its head begins with an in-place ReLU on the tensor that crosses the second cut."""
+    model = build_model("densenet121", seed=0)
+    config = TrainingConfig(
+        cuts=("features.transition1", "features.norm5"),
+        mode=Mode.USHAPED,
+        client_optimizer=SGD,
+        server_optimizer=SGD,
+        batch_size=2,
+        max_steps_per_turn=20,
+    )
+    assert_exact(model, shares(40, 1, shape=(1, 32, 32)), config)
