@@ -96,7 +96,12 @@ class Assignment:
         )
 
     def others(self, me: str) -> list[dict[str, Any]]:
-        return [p for p in self.raw["participants"] if p["hospital"] != me]
+        """The other participants in turn order from ``me`` on: the hospital whose turn
+        comes next first, so that it waits for one seal, not for all of them."""
+        participants = self.raw["participants"]  # in turn order (the coordinator's)
+        mine = [i for i, p in enumerate(participants) if p["hospital"] == me]
+        start = mine[0] + 1 if mine else 0
+        return [p for p in participants[start:] + participants[:start] if p["hospital"] != me]
 
 
 class TurnTaker:

@@ -23,6 +23,7 @@ from hospital_agent.identity import (
 )
 from hospital_agent.relay import HandoffMissing, Relay
 from hospital_agent.snapshots import FileSnapshots
+from hospital_agent.turns import Assignment
 from medsplit.errors import ConfigError, SealError
 from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
 
@@ -163,3 +164,11 @@ def test_a_hand_off_opens_only_for_its_recipient_and_its_place(relays) -> None:
             job=job, key=a_key, sender="b", sender_public_key=public_key_b64(b_key),
             context=context, expected_sha256=None, wait=0, stopping=stop,
         )  # fmt: skip
+
+
+def test_weights_are_sealed_first_for_the_hospital_whose_turn_comes_next() -> None:
+    order = ["a", "b", "c", "d"]
+    assignment = Assignment({"participants": [{"hospital": h} for h in order]})
+    assert [p["hospital"] for p in assignment.others("b")] == ["c", "d", "a"]
+    assert [p["hospital"] for p in assignment.others("d")] == ["a", "b", "c"]
+    assert [p["hospital"] for p in assignment.others("a")] == ["b", "c", "d"]
