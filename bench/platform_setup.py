@@ -1,6 +1,8 @@
 """Set-up shared by the benchmarks that run the real platform (``bench_runtime.py``,
-``bench_agent.py``): logging, the environment and database, the Celery worker's command
-line, starting and stopping child processes, the admin and job that the runs use, and
+``bench_agent.py``, ``bench_overhead.py``, ``bench_scaling.py``): logging, the
+environment and database, the Celery worker's command line, starting and stopping child
+processes, the whole platform as processes (coordinator, worker, beat, hospital agents),
+the per-step stamps of an agent's progress bar, the admin and job that the runs use, and
 deleting the Redis keys they made.
 
 Imported by name (``from platform_setup import ...``), not as a package: a script run as
@@ -13,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -293,3 +296,164 @@ def cleanup_redis(
     finally:
         client.close()
     return deleted
+
+
+# -- the whole platform as processes (bench_overhead.py, bench_scaling.py) -------------------
+#
+# As ``bench_agent.py`` runs it, with its process helpers (``Processes``, ``wait_until``,
+# ``answers``, ``free_port``), imported inside the functions because ``bench_agent``
+# imports this module.
+
+
+def configure_platform(
+    folder: Path, redis_url: str, queue: str, threads: int, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``configure`` for a coordinator, worker, beat and agents: hospitals get their own
+    Redis ACL users at enrolment (``RedisAclUsers``), ``threads`` OpenMP/MKL threads in
+    every child; returns the children's environment."""
+    return configure(
+        folder,
+        redis_url,
+        queue,
+        {
+            "MEDSPLIT_REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            **(extra or {}),
+        },
+        {"PYTHONUNBUFFERED": "1"},
+    )
+
+
+def start_platform(procs: Any, *, threads: int, name: str) -> str:
+    """Start the coordinator (``manage.py runserver`` on a free port), a Celery worker
+    (``--pool=solo``, node ``<name>@localhost``) and Celery beat, as ``bench_agent.py``
+    does; return the coordinator's URL once it answers (the worker may still be starting:
+    wait for ``WORKER_READY`` in its log)."""
+    from bench_agent import answers, free_port, wait_until
+
+    url = f"http://127.0.0.1:{free_port()}"
+    manage = str(REPO / "platform" / "manage.py")
+    procs.start("coordinator", [sys.executable, manage, "runserver", url[7:], "--noreload"])
+    procs.start("worker", worker_command(threads, procs.env["MEDSPLIT_CELERY_QUEUE"], name))
+    beat = ["-A", "workers.celery_app", "beat", "-s", str(procs.folder / "beat-schedule")]
+    beat += ["--pidfile", str(procs.folder / "beat.pid"), "-l", "INFO"]
+    procs.start("beat", [sys.executable, "-m", "celery", *beat])
+    wait_until("the coordinator to answer", lambda: answers(url + "/"), 120, procs)
+    return url
+
+
+# The agent's progress bar (tqdm, updated from ``TurnClient``'s ``on_step``) configured by
+# tqdm's own ``TQDM_*`` environment defaults to print at every training step its count
+# and the seconds since the bar was made (the turn's start): no change to the agent.
+AGENT_PROGRESS_ENV = {
+    "TQDM_MININTERVAL": "0",
+    "TQDM_MINITERS": "1",
+    "TQDM_BAR_FORMAT": "@@step {n} {elapsed_s:.6f}@@",
+}
+_STEP_STAMP = re.compile(r"@@step (\d+) ([\d.]+)@@")
+
+
+def step_stamps(text: str) -> list[list[float]]:
+    """Per turn in an agent's log text (one progress bar each), the bar's elapsed seconds
+    at the end of training steps 1, 2, ... (the first print of each count)."""
+    bars: list[list[float]] = []
+    for match in _STEP_STAMP.finditer(text):
+        n, seconds = int(match.group(1)), float(match.group(2))
+        if n == 0:
+            bars.append([])
+        elif bars and n == len(bars[-1]) + 1:
+            bars[-1].append(seconds)
+    return [bar for bar in bars if bar]
+
+
+def register_hospital(admin: Any, slug: str) -> str:
+    """Register hospital ``slug``; its one-time enrolment code."""
+    from hospitals import services
+
+    registration = services.hospital_register(actor=admin, name=f"Bench {slug}", slug=slug)
+    return registration.enrolment_code.plaintext
+
+
+def start_agent(
+    procs: Any, name: str, *, url: str, code: str, data: Mapping[str, str], log_level: str = "INFO"
+) -> int:
+    """Start ``python -m hospital_agent run`` as process ``name`` (work directory
+    ``<folder>/<name>``), enrolling with ``code``; ``data`` are its ``MEDSPLIT_AGENT_DATA_*``
+    values without the prefix. It long-polls for assignments (5 s; the coordinator looks
+    every 0.5 s) and heartbeats every 5 s; its progress bar prints step stamps
+    (``step_stamps``). Returns its pid."""
+    env = {
+        **procs.env,
+        **AGENT_PROGRESS_ENV,
+        "MEDSPLIT_AGENT_COORDINATOR_URL": url,
+        "MEDSPLIT_AGENT_WORK_DIR": str(procs.folder / name),
+        "MEDSPLIT_AGENT_ENROLMENT_CODE": code,
+        "MEDSPLIT_AGENT_POLL_SECONDS": "5",
+        "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "5",
+        "MEDSPLIT_AGENT_REPLY_TIMEOUT": "300",
+        "MEDSPLIT_AGENT_LOG_LEVEL": log_level,
+        **{f"MEDSPLIT_AGENT_DATA_{key.upper()}": value for key, value in data.items()},
+    }
+    return procs.start(name, [sys.executable, "-m", "hospital_agent", "run"], env)
+
+
+def wait_enrolled(procs: Any, slugs: list[str], timeout: float = 300.0) -> None:
+    """Until every hospital of ``slugs`` has enrolled and reported its data summary."""
+    from bench_agent import wait_until
+
+    from hospitals.models import Hospital
+
+    def enrolled() -> bool:
+        ready = Hospital.objects.filter(slug__in=slugs, status=Hospital.Status.ENROLLED)
+        return ready.exclude(dataset_summary={}).count() == len(slugs)
+
+    wait_until(f"{len(slugs)} agent(s) to enrol and report their data", enrolled, timeout, procs)
+
+
+def wait_job(procs: Any, job_id: int, timeout: float) -> None:
+    """Until job ``job_id`` has completed (``RuntimeError`` if it failed or stopped)."""
+    from bench_agent import job_state, wait_until
+
+    from training.states import JobState
+
+    wait_until(
+        f"job {job_id} to complete",
+        lambda: job_state(job_id) == JobState.COMPLETED,
+        timeout,
+        procs,
+    )
+
+
+def stop_platform(procs: Any, wait: float = 15.0) -> None:
+    """Stop the agents first (they talk to the others), then the rest: SIGTERM, then
+    SIGKILL for whatever still runs after ``wait`` seconds."""
+    agents = {n: p for n, p in procs.started.items() if n.startswith("agent")}
+    rest = {n: p for n, p in procs.started.items() if n not in agents}
+    for group in (agents, rest):
+        stop_processes(group, wait, on_kill=lambda n: log(f"{n} ignored SIGTERM; killing it"))
+
+
+def unique_job_ids(tag: str) -> int:
+    """Number this database's next job from a large number drawn from ``tag``; return it.
+
+    The relay's stream and hand-off keys carry the job id, and on a shared Redis the test
+    suite deletes every key of the job ids its own databases used, which restart at 1:
+    a bench job numbered 1 would have its streams deleted under it."""
+    from django.db import connection
+
+    from training.models import Job
+
+    start = 1_000_000 + int(tag, 16) % 1_000_000_000
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("DELETE FROM sqlite_sequence WHERE name = %s", [table])
+            cursor.execute(
+                "INSERT INTO sqlite_sequence (name, seq) VALUES (%s, %s)", [table, start - 1]
+            )
+        elif connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), %s)", [table, start - 1]
+            )
+    return start

@@ -47,6 +47,11 @@ class Benchmark:
 
 # In the document's order. Minutes are what a full run took on the 2-core machine.
 BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("bench_accuracy", 7, (), ("--seeds", "0", "--epochs", "3")),
+    Benchmark("bench_overhead", 8, (), ("--steps", "8")),
+    Benchmark("bench_rpc_peer", 4, (), ("--blocks", "2", "--steps", "5")),
+    Benchmark("bench_traffic", 4, (), ("--case", "small_cnn")),
+    Benchmark("bench_scaling", 8, (), ("--hospitals", "1", "3", "--steps", "5", "--rounds", "1")),
     Benchmark("bench_split_step", 1, ("--repeats", "15"), ("--repeats", "5")),
     Benchmark("bench_frames", 2, ("--repeats", "9"), ("--repeats", "3")),
     Benchmark("bench_audit", 1, (), ("--appends", "800")),

@@ -1,0 +1,457 @@
+"""Benchmark scaling with the number of hospitals: wall time of one round with 1, 3 and 10
+hospitals, each a real agent process, and what a turn costs besides its training steps.
+
+Run from the repository root, with Redis running (``REDIS_URL``, default
+``redis://127.0.0.1:6379/0``; the real per-hospital ACL users are made on it)::
+
+    .venv/bin/python bench/bench_scaling.py                    # a table
+    .venv/bin/python bench/bench_scaling.py --hospitals 1 3 --steps 5 --rounds 1 --json
+
+The platform runs as real processes, as ``bench_agent.py`` sets it up (with its helpers
+and those of ``platform_setup.py``): the coordinator (``manage.py runserver``) on a
+temporary SQLite database (or ``DATABASE_URL``), a Celery worker (``--pool=solo``) and
+Celery beat (sweep every 5 s, the coordinator's default) on a unique queue, and as many
+hospital agents (``python -m hospital_agent run``, each enrolled with its own one-time
+code and Redis ACL user) as the largest configuration has hospitals. Agent ``i`` holds
+its own tenth (``1 / max(--hospitals)``) of PneumoniaMNIST's training split from
+``../shared/data`` (about 470 images 1x28x28; synthetic images of that count where the
+file is absent), no validation split. The agents are started once and stay up; the
+configuration with ``n`` hospitals uses agents ``0 .. n-1`` (so the idle agents of the
+smaller configurations still poll the coordinator, as they would in a consortium).
+
+For each configuration (``--hospitals``, default 1 3 10) one job: ``small_cnn`` at its
+default cut ``pool1``, input 1x28x28, batch 32, vanilla, codec ``none``, SGD with
+momentum on both sides, exactly ``--steps`` training steps per turn (``max_steps_per_turn``,
+with enough local epochs), so every turn does the same work; ``--rounds`` (2) rounds.
+Turns are round-robin: a round is every hospital's turn in order, each handing its
+sealed weights to the next. Before them a warm-up job, not reported, gives every agent
+one 2-step turn (the worker and each agent trace the model and load their data once per
+process).
+
+Measured, from the coordinator's database and the agents' logs (same machine, same
+clock):
+
+- round wall time: the round's ``started_at`` to ``finished_at`` (the coordinator opens
+  the round with its first turn and closes it when the worker moves the job on after the
+  last turn); per turn: that divided by the hospitals; growth: the ratio to the
+  1-hospital round (linear growth is a ratio of ``n``, so ratio / n is 1).
+- per turn (mean over the measured turns), phases that add up to the turn's period
+  (from its start to the next turn's start): *pick-up*, the turn's ``started_at`` to the
+  agent's ``my turn`` log line (the agent's long poll answering, then getting its start
+  state: waiting until the previous hospital has recorded its sealed hand-off, fetching
+  and opening it); *steps*, ``--steps`` times the median step time (the agent's progress
+  bar stamps each step, as in ``bench_overhead.py``); *handshake and end*, the rest of
+  the time to the turn's ``finished_at`` (the server's handshake and, after the last
+  step, the final snapshot and the turn's end, recorded by the worker); *scheduling*,
+  ``finished_at`` to the next turn's ``started_at`` (the worker's follow-up task
+  starting the next turn). Also shown: *sealing*, the agent's ``turn done`` to its
+  ``weights sealed`` lines (sealing its weights for each of the other ``n - 1``
+  hospitals and recording each hand-off with the coordinator), which overlaps the next
+  turn's pick-up.
+- each agent's resident memory (``VmRSS`` and ``VmHWM`` of ``/proc/<pid>/status``) at
+  the end.
+
+Every process runs ``--threads`` torch threads (2; ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
+in each child, ``torch.set_num_threads`` in the worker). Jobs are numbered from a large
+number drawn for the run (the relay's keys carry the job id). At the end every process
+is stopped, the Redis keys made here and the hospitals' ACL users are deleted, and the
+temporary folder is removed (``--keep`` keeps it with the processes' logs).
+
+Nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench_agent import _DONE, _STAMP, Processes, proc_status, wait_until
+from platform_setup import (
+    REPO,
+    WORKER_READY,
+    add_run_args,
+    cleanup_redis,
+    configure_platform,
+    job_data,
+    log,
+    make_admin,
+    new_run,
+    print_result,
+    register_hospital,
+    remove_folder,
+    setup_django,
+    start_agent,
+    start_platform,
+    step_stamps,
+    stop_platform,
+    unique_job_ids,
+    wait_enrolled,
+    wait_job,
+)
+from report import table, today
+
+DATA = REPO.parent / "shared" / "data" / "pneumoniamnist_28_reconstructed.npz"
+MiB = 1 << 20
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--hospitals", type=int, nargs="+", default=[1, 3, 10], help="configurations"
+    )
+    parser.add_argument("--steps", type=int, default=10, help="training steps per turn")
+    parser.add_argument("--rounds", type=int, default=2, help="measured rounds per job")
+    parser.add_argument("--model", default="small_cnn")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    add_run_args(parser)
+    args = parser.parse_args(argv)
+    if min(args.hospitals) < 1 or args.steps < 2 or args.rounds < 1:
+        parser.error("need hospitals >= 1, steps >= 2, rounds >= 1")
+    return args
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def write_parts(folder: Path, parts: int) -> tuple[list[Path], str]:
+    """PneumoniaMNIST's training split cut in ``parts`` MedMNIST-format files (synthetic
+    images of the same count and format where the file is absent); the source's name."""
+    import numpy as np
+    import torch
+
+    if DATA.exists():
+        archive = dict(np.load(DATA, allow_pickle=False))
+        source = f"PneumoniaMNIST ({DATA.name}), train split"
+    else:
+        from medsplit.data import synthetic_split
+
+        data = synthetic_split(4708, shape=(1, 28, 28), seed=5)
+        images = (data.images[:, 0].clamp(0, 1) * 255).round().to(torch.uint8)
+        archive = {"train_images": images.numpy(), "train_labels": data.labels.numpy()}
+        source = f"synthetic (no {DATA})"
+    images, labels = archive["train_images"], archive["train_labels"]
+    paths = []
+    for i in range(parts):
+        path = folder / f"part-{i}.npz"
+        part = {"train_images": images[i::parts], "train_labels": labels[i::parts]}
+        for split in ("val", "test"):  # the format's other splits, unused here
+            part[f"{split}_images"], part[f"{split}_labels"] = images[:1], labels[:1]
+        np.savez(path, **part)
+        paths.append(path)
+    return paths, source
+
+
+# -- the agents' logs -----------------------------------------------------------------------
+
+_MY_TURN = re.compile(_STAMP + r"[^\r\n]*: job (\d+) round (\d+): my turn", re.M)
+_SEALED = re.compile(_STAMP + r"[^\r\n]*: job (\d+): weights sealed for (\d+) other", re.M)
+
+
+def _when(text: str) -> datetime:
+    """An agent log's local time stamp as an aware time."""
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").astimezone(UTC)
+
+
+def agent_turns(text: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """Per (job, round) in an agent's log: its ``my turn``, ``turn done`` and ``weights
+    sealed`` times and its step stamps (seconds since the turn's progress bar began)."""
+    turns = list(_MY_TURN.finditer(text))
+    bars = step_stamps(text)
+    if len(bars) != len(turns):
+        raise RuntimeError(f"{len(turns)} turns but {len(bars)} progress bars in an agent's log")
+    found = {}
+    for index, (turn, bar) in enumerate(zip(turns, bars, strict=True)):
+        end = turns[index + 1].start() if index + 1 < len(turns) else len(text)
+        segment = text[turn.start() : end]
+        done, sealed = _DONE.search(segment), _SEALED.search(segment)
+        if done is None or sealed is None:
+            raise RuntimeError(f"job {turn.group(2)} round {turn.group(3)}: turn not finished")
+        found[int(turn.group(2)), int(turn.group(3))] = {
+            "my_turn": _when(turn.group(1)),
+            "done": _when(done.group(1)),
+            "sealed": _when(sealed.group(1)),
+            "recipients": int(sealed.group(3)),
+            "stamps": bar,
+        }
+    return found
+
+
+# -- one configuration ----------------------------------------------------------------------
+
+
+def run_job(
+    args: argparse.Namespace,
+    procs: Processes,
+    admin,
+    slugs: list[str],
+    tag: str,
+    samples: int,
+    *,
+    steps: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """One job over ``slugs`` in order; its rounds and per-turn phases."""
+    from training import services
+    from training.models import Round, Turn
+    from training.states import JobState
+
+    n = len(slugs)
+    data = job_data(
+        name=f"bench-scaling {tag} {n} hospitals, {steps} steps, {time.time():.3f}",
+        model=args.model,
+        batch_size=args.batch_size,
+        steps=steps,
+        slug=slugs[0],
+    )
+    data["participants"] = [{"hospital": slug} for slug in slugs]
+    data["rounds"] = rounds
+    data["local_epochs"] = math.ceil(steps * args.batch_size / samples)
+    job = services.job_create(actor=admin, data=data)
+    services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin)
+    log(f"{n} hospital(s): job {job.pk} scheduled ({data['rounds']} rounds); waiting")
+    wait_job(procs, job.pk, args.timeout)
+    agents = [f"agent-{i}" for i in range(n)]
+    wait_until(
+        "the agents' 'weights sealed' lines",
+        lambda: all(
+            len(re.findall(rf"job {job.pk}: weights sealed", procs.text(a))) == data["rounds"]
+            for a in agents
+        ),
+        60,
+        procs,
+    )
+    logs = {}
+    for position, agent in enumerate(agents):
+        for (job_id, round_), turn in agent_turns(procs.text(agent)).items():
+            if job_id == job.pk:
+                logs[round_, position] = turn
+    rounds = list(Round.objects.filter(job=job).order_by("index"))
+    turns = list(Turn.objects.filter(job=job).order_by("round__index", "position"))
+    if any(t.status != Turn.Status.COMPLETED for t in turns) or len(turns) != n * len(rounds):
+        raise RuntimeError(f"job {job.pk}: turns {[(t.pk, t.status) for t in turns]}")
+    ends = {r.index: r.finished_at for r in rounds}
+    phases: list[dict[str, float]] = []
+    for i, turn in enumerate(turns):
+        index = turn.round.index
+        log_of = logs[index, turn.position]
+        following = turns[i + 1].started_at if i + 1 < len(turns) else ends[index]
+        gaps = [b - a for a, b in zip(log_of["stamps"], log_of["stamps"][1:], strict=False)]
+        step = statistics.median(gaps)
+        steps = step * len(log_of["stamps"])
+        agent_part = (turn.finished_at - log_of["my_turn"]).total_seconds()
+        phases.append(
+            {
+                "period_s": (following - turn.started_at).total_seconds(),
+                "pickup_s": (log_of["my_turn"] - turn.started_at).total_seconds(),
+                "steps_s": steps,
+                "step_median_s": step,
+                "handshake_end_s": agent_part - steps,
+                "scheduling_s": (following - turn.finished_at).total_seconds(),
+                "sealing_s": (log_of["sealed"] - log_of["done"]).total_seconds(),
+                "recipients": log_of["recipients"],
+            }
+        )
+    walls = [(r.finished_at - r.started_at).total_seconds() for r in rounds]
+    return {
+        "hospitals": n,
+        "job": job.pk,
+        "steps_per_turn": steps,
+        "local_epochs": data["local_epochs"],
+        "round_wall_s": walls,
+        "round_wall_median_s": statistics.median(walls),
+        "per_turn_s": statistics.median(walls) / n,
+        "phases": {
+            key: statistics.fmean(p[key] for p in phases)
+            for key in phases[0]
+            if key != "recipients"
+        },
+        "turns_measured": len(phases),
+    }
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def bench(args: argparse.Namespace, procs: Processes, tag: str, slugs: list[str]) -> dict:
+    import numpy as np
+    import torch
+    from django.conf import settings
+
+    admin = make_admin(f"bench-scaling-{tag}")
+    log(f"jobs are numbered from {unique_job_ids(tag)}")
+    url = start_platform(procs, threads=args.threads, name=f"bench-scaling-{tag}")
+    log(f"coordinator at {url}")
+    count = max(args.hospitals)
+    paths, source = write_parts(procs.folder, count)
+    samples = [len(np.load(p)["train_labels"]) for p in paths]
+    pids = {}
+    for i, path in enumerate(paths):
+        slug = f"bench-scaling-{tag}-{i}"
+        slugs.append(slug)
+        data = {"kind": "medmnist", "path": str(path), "split": "train", "val_fraction": "0"}
+        code = register_hospital(admin, slug)
+        pids[f"agent-{i}"] = start_agent(procs, f"agent-{i}", url=url, code=code, data=data)
+        time.sleep(1.0)  # a little apart: each imports torch and MONAI on a shared machine
+    wait_enrolled(procs, slugs, timeout=600)
+    log(f"{count} agents enrolled and reported their data")
+    wait_until("the worker to be ready", lambda: WORKER_READY in procs.text("worker"), 180, procs)
+    log("warm-up job: one 2-step turn per agent")
+    run_job(args, procs, admin, slugs, tag, min(samples), steps=2, rounds=1)
+    load = [os.getloadavg()[0]]
+    configs = []
+    for n in args.hospitals:
+        config = run_job(
+            args, procs, admin, slugs[:n], tag, min(samples), steps=args.steps, rounds=args.rounds
+        )
+        load.append(os.getloadavg()[0])
+        log(
+            f"{n} hospital(s): round {config['round_wall_median_s']:.2f} s (median), "
+            f"{config['per_turn_s']:.2f} s per turn"
+        )
+        configs.append(config)
+    base = next((c for c in configs if c["hospitals"] == 1), configs[0])
+    for c in configs:
+        c["ratio_to_base"] = c["round_wall_median_s"] / base["round_wall_median_s"]
+        c["ratio_per_hospital"] = c["ratio_to_base"] / (c["hospitals"] / base["hospitals"])
+    memory = {name: proc_status(pid) for name, pid in pids.items()}
+    rss = [m.get("VmRSS", 0) for m in memory.values()]
+    hwm = [m.get("VmHWM", 0) for m in memory.values()]
+    return {
+        "command": shlex.join(sys.orig_argv),
+        "date": today(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": args.threads,
+        "cpus": os.cpu_count(),
+        "database": settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1],
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "steps_per_turn": args.steps,
+        "rounds": args.rounds,
+        "data": source,
+        "samples_per_agent": samples,
+        "agents": count,
+        "agent_rss_bytes": {"max": max(rss), "total": sum(rss)},
+        "agent_hwm_bytes": {"max": max(hwm), "total": sum(hwm)},
+        "load_average": load,
+        "configurations": configs,
+    }
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The section's tables for ``docs/benchmarks.md`` (see ``bench/run_all.py``)."""
+    r = result
+    rounds = table(
+        [
+            "date",
+            "hospitals",
+            "round wall (median of rounds)",
+            "per turn",
+            "ratio to 1 hospital",
+            "ratio / hospitals (1 = linear)",
+        ],
+        [
+            [
+                today(),
+                c["hospitals"],
+                f"{c['round_wall_median_s']:.2f} s ("
+                + ", ".join(f"{w:.2f}" for w in c["round_wall_s"])
+                + ")",
+                f"{c['per_turn_s']:.2f} s",
+                f"**{c['ratio_to_base']:.2f}**",
+                f"{c['ratio_per_hospital']:.2f}",
+            ]
+            for c in r["configurations"]
+        ],
+    )
+    turns = table(
+        [
+            "hospitals",
+            "turn period",
+            f"steps ({r['steps_per_turn']} × median step)",
+            "pick-up",
+            "handshake and end",
+            "scheduling",
+            "overhead (period − steps)",
+            "sealing for n − 1 (overlaps pick-up)",
+        ],
+        [
+            [
+                c["hospitals"],
+                f"{p['period_s']:.2f} s",
+                f"{p['steps_s']:.2f} s ({p['step_median_s'] * 1e3:.1f} ms)",
+                f"{p['pickup_s']:.2f} s",
+                f"{p['handshake_end_s']:.2f} s",
+                f"{p['scheduling_s']:.2f} s",
+                f"**{p['period_s'] - p['steps_s']:.2f} s**",
+                f"{p['sealing_s']:.3f} s",
+            ]
+            for c in r["configurations"]
+            for p in [c["phases"]]
+        ],
+    )
+    load = ", ".join(f"{v:.1f}" for v in r["load_average"])
+    notes = [
+        f"`{r['command']}`: {r['model']} 1x28x28, batch {r['batch_size']}, "
+        f"{r['steps_per_turn']} steps per turn, {r['rounds']} measured round(s) per "
+        f"configuration after a warm-up job (one 2-step turn per agent); {r['agents']} agent "
+        f"processes, each with {min(r['samples_per_agent'])}–{max(r['samples_per_agent'])} "
+        f"images of {r['data']}; {r['threads']} torch threads per process, {r['cpus']} CPUs, "
+        f"torch {r['torch']}.",
+        f"Agents' resident memory at the end: at most "
+        f"{r['agent_rss_bytes']['max'] / MiB:,.0f} MiB each (peak "
+        f"{r['agent_hwm_bytes']['max'] / MiB:,.0f} MiB), "
+        f"{r['agent_rss_bytes']['total'] / MiB:,.0f} MiB together; 1-minute load average "
+        f"before and after each configuration: {load}.",
+        "Turn phases are means over the measured turns.",
+    ]
+    return rounds + "\n\n" + turns + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def show(result: dict[str, Any]) -> None:
+    print(markdown(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tag, folder = new_run("scaling")
+    queue = f"medsplit-bench-scaling-{tag}"
+    env = configure_platform(folder, args.redis_url, queue, args.threads)
+    procs = Processes(folder, env, slug="")
+    slugs: list[str] = []
+    log(f"setting up in {folder} (queue {queue})")
+    result: dict[str, Any] = {}
+    try:
+        setup_django()
+        log("database migrated")
+        result = bench(args, procs, tag, slugs)
+    except BaseException:
+        log(f"failed; process logs:\n{procs.tails(1500)}")
+        raise
+    finally:
+        log("stopping the processes")
+        stop_platform(procs)
+        deleted = cleanup_redis(args.redis_url, queue, slugs, handoffs=True, acl_users=True)
+        log(f"deleted {deleted} Redis keys and {len(slugs)} ACL user(s)")
+        remove_folder(folder, args.keep)
+    print_result(result, args.json, show)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
