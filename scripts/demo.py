@@ -324,7 +324,7 @@ def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[floa
     from hospital_agent.data import LocalData, prepare
     from medsplit.data import Split
     from medsplit.protocol.handoff import import_parties
-    from medsplit.training.evaluate import classification_metrics, eval_mode
+    from medsplit.training.evaluate import score
     from medsplit.turns.checkpoints import read_verified
     from medsplit.turns.server import SERVER_PARTY
     from medsplit.turns.setup import client_parties, server_party
@@ -349,11 +349,7 @@ def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[floa
     segments = [clients["front"].module, server.module]
     if "head" in clients:
         segments.append(clients["head"].module)
-    with eval_mode(segments), torch.no_grad():
-        out = segments[0](test.images)
-        for segment in segments[1:]:
-            out = segment(**out)
-    metrics = classification_metrics(out, test.labels)
+    metrics = score(segments, test)
     return metrics["val_accuracy"], metrics.get("val_auc", float("nan"))
 
 

@@ -43,19 +43,38 @@ def evaluate(
     """
     total_loss, correct = 0.0, 0
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
-    with eval_mode(segments), torch.no_grad():
-        for start in range(0, len(data), batch_size):
-            x = data.images[start : start + batch_size]
-            y = data.labels[start : start + batch_size]
-            out = segments[0](x)
-            for segment in segments[1:]:
-                out = segment(**out)
-            total_loss += float(loss_fn(out, y))
-            correct += int((out.argmax(dim=1) == y).sum())
+    for out, y in _through(segments, data, batch_size):
+        total_loss += float(loss_fn(out, y))
+        correct += int((out.argmax(dim=1) == y).sum())
     n = len(data)
     return Evaluation(
         loss=total_loss / n if n else 0.0, accuracy=correct / n if n else 0.0, samples=n
     )
+
+
+def score(
+    segments: Sequence[torch.nn.Module], data: Split, *, batch_size: int = 256
+) -> dict[str, float]:
+    """:func:`classification_metrics` of the segments run one after another over
+    ``data`` (a test split, say), as :func:`evaluate` runs them."""
+    outputs = list(_through(segments, data, batch_size))
+    if not outputs:
+        return classification_metrics(torch.empty(0, 0), data.labels)
+    return classification_metrics(
+        torch.cat([out for out, _ in outputs]), torch.cat([y for _, y in outputs])
+    )
+
+
+def _through(
+    segments: Sequence[torch.nn.Module], data: Split, batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(outputs, labels) per batch, in eval mode, without gradients."""
+    with eval_mode(segments), torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            out = segments[0](data.images[start : start + batch_size])
+            for segment in segments[1:]:
+                out = segment(**out)
+            yield out, data.labels[start : start + batch_size]
 
 
 def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

@@ -9,6 +9,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from coordinator import secrets
+from coordinator.api.bearer import KEYWORD, bearer_token
 from hospitals.models import AgentToken, Hospital
 
 TOKEN_PREFIX = "msa"
@@ -35,16 +36,14 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
     A revoked token fails on the next request: nothing is cached.
     """
 
-    keyword = "Bearer"
+    keyword = KEYWORD
 
     def authenticate(self, request: Request) -> tuple[AgentPrincipal, AgentToken] | None:
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        presented = bearer_token(request)
+        if presented is None:
             return None  # not ours: session authentication may apply
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("malformed Authorization header")
         try:
-            plaintext = header[1].decode("ascii")
+            plaintext = presented.decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("malformed agent token") from None
         parts = secrets.split(plaintext, TOKEN_PREFIX)

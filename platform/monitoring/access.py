@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from coordinator import secrets
 from coordinator.actors import actor_from_request
+from coordinator.api.bearer import KEYWORD, bearer_token
 from coordinator.errors import PermissionDenied
 
 
@@ -32,11 +33,11 @@ class MetricsScraper:
 class MetricsTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <MEDSPLIT_METRICS_TOKEN>``, compared in constant time."""
 
-    keyword = "Bearer"
+    keyword = KEYWORD
 
     def authenticate(self, request: Request) -> tuple[MetricsScraper, None] | None:
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        token = bearer_token(request)
+        if token is None:
             return None  # no token: a signed-in admin's session may apply
         configured = settings.MEDSPLIT["METRICS_TOKEN"]
         if not configured:
@@ -44,9 +45,7 @@ class MetricsTokenAuthentication(authentication.BaseAuthentication):
                 "this coordinator has no metrics token (MEDSPLIT_METRICS_TOKEN is not set); "
                 "sign in as a consortium admin instead"
             )
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("malformed Authorization header")
-        presented = header[1].decode("utf-8", errors="replace")
+        presented = token.decode("utf-8", errors="replace")
         # Both sides hashed first: the comparison takes the same time whatever the
         # presented token's length or content.
         if not secrets.matches(presented, secrets.digest_of(configured)):
