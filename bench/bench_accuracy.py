@@ -71,7 +71,7 @@ from medsplit.modes import Mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
-from medsplit.training.evaluate import classification_metrics, eval_mode
+from medsplit.training.evaluate import score
 from medsplit.training.reference import train_unsplit
 from medsplit.training.schedule import turn_length
 from medsplit.training.simulate import SimulationData, SimulationSetup, load_hospitals
@@ -112,13 +112,9 @@ def say(message: str) -> None:
     print(f"bench_accuracy | {message}", file=sys.stderr, flush=True)
 
 
-def score(segments: Sequence[torch.nn.Module], data: Split) -> dict[str, float]:
-    """Accuracy and AUC of the segments, run one after another as in ``evaluate``."""
-    with eval_mode(segments), torch.no_grad():
-        out = segments[0](data.images)
-        for segment in segments[1:]:
-            out = segment(**out)
-    metrics = classification_metrics(out, data.labels)
+def scores_on(segments: Sequence[torch.nn.Module], data: Split) -> dict[str, float]:
+    """Accuracy and AUC of the segments, run one after another over the test split."""
+    metrics = score(segments, data)
     return {"accuracy": metrics["val_accuracy"], "auc": metrics["val_auc"]}
 
 
@@ -202,7 +198,7 @@ def run_seed(path: Path, settings: Settings, seed: int, *, check: bool) -> dict[
     with deterministic():
         start = time.perf_counter()
         whole, steps = train_centralized(model, train, settings, seed)
-        scores = score([whole], test)
+        scores = scores_on([whole], test)
         out["centralized"] = {**scores, "steps": steps, "seconds": time.perf_counter() - start}
         say(f"{path.name} seed {seed} centralized: {_scores(scores)}, {steps} steps")
         weights = {}
@@ -210,7 +206,7 @@ def run_seed(path: Path, settings: Settings, seed: int, *, check: bool) -> dict[
             start = time.perf_counter()
             config, steps = split_config(mode, settings, hospitals, seed)
             segments, weights[mode], exact = train_split(model, hospitals, config, check=check)
-            scores = score(segments, test)
+            scores = scores_on(segments, test)
             out[mode] = {
                 **scores,
                 "steps": steps,
