@@ -45,25 +45,26 @@ class Benchmark:
     env: dict[str, str] = field(default_factory=dict)
 
 
-# In the document's order. Minutes are what a full run took on the 2-core machine.
+# In the document's order. Minutes: what a full run took on the 2-core machine when quiet
+# (2026-11-30, 18 minutes in all); under other load they grow several times.
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("bench_accuracy", 7, (), ("--seeds", "0", "--epochs", "3")),
-    Benchmark("bench_overhead", 8, (), ("--steps", "8")),
-    Benchmark("bench_rpc_peer", 4, (), ("--blocks", "2", "--steps", "5")),
-    Benchmark("bench_traffic", 4, (), ("--case", "small_cnn")),
-    Benchmark("bench_scaling", 8, (), ("--hospitals", "1", "3", "--steps", "5", "--rounds", "1")),
-    Benchmark("bench_split_step", 1, ("--repeats", "15"), ("--repeats", "5")),
-    Benchmark("bench_frames", 2, ("--repeats", "9"), ("--repeats", "3")),
-    Benchmark("bench_audit", 1, (), ("--appends", "800")),
+    Benchmark("bench_accuracy", 4, (), ("--seeds", "0", "--epochs", "3")),
+    Benchmark("bench_overhead", 1.5, (), ("--steps", "8")),
+    Benchmark("bench_rpc_peer", 2, (), ("--blocks", "2", "--steps", "5")),
+    Benchmark("bench_traffic", 1.5, (), ("--case", "small_cnn")),
+    Benchmark("bench_scaling", 1.5, (), ("--hospitals", "1", "3", "--steps", "5", "--rounds", "1")),
+    Benchmark("bench_split_step", 0.5, ("--repeats", "15"), ("--repeats", "5")),
+    Benchmark("bench_frames", 0.2, ("--repeats", "9"), ("--repeats", "3")),
+    Benchmark("bench_audit", 0.2, (), ("--appends", "800")),
     Benchmark(
         "bench_status_endpoint",
-        4,
+        2,
         ("--runs", "6", "--requests", "250"),
         ("--runs", "2", "--requests", "100", "--sizes", "1000", "20000"),
     ),
-    Benchmark("bench_relay", 1, (), ("--repeats", "9")),
-    Benchmark("bench_runtime", 6, (), ("--steps", "10", "--memory-steps", "300")),
-    Benchmark("bench_agent", 3, (), ("--steps", "10")),
+    Benchmark("bench_relay", 0.1, (), ("--repeats", "9")),
+    Benchmark("bench_runtime", 2, (), ("--steps", "10", "--memory-steps", "300")),
+    Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
 )
 
 
@@ -78,7 +79,13 @@ class BenchmarkFailed(RuntimeError):
 def run_one(bench: Benchmark, quick: bool, results: Path) -> dict:
     """Run ``bench`` as its own process; keep and return its JSON."""
     args = bench.quick if quick else bench.args
-    command = [sys.executable, str(BENCH / f"{bench.name}.py"), "--json", *args]
+    # Paths relative to the repository, so that the commands the tables quote work anywhere.
+    python = (
+        os.path.relpath(sys.executable, REPO)
+        if sys.executable.startswith(str(REPO))
+        else sys.executable
+    )
+    command = [python, f"bench/{bench.name}.py", "--json", *args]
     # Logs and progress go straight to this terminal; only stdout is captured.
     done = subprocess.run(
         command, cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, **bench.env}
@@ -92,7 +99,7 @@ def run_one(bench: Benchmark, quick: bool, results: Path) -> dict:
             f"{bench.name} did not print one JSON object on stdout ({exc}); "
             f"it began: {done.stdout[:200]!r}"
         ) from exc
-    result.setdefault("command", " ".join([".venv/bin/python", *command[1:]]))
+    result.setdefault("command", " ".join(command))
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{bench.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
