@@ -142,13 +142,28 @@ class Coordinator:
             raise _Retry(f"the coordinator at {self.url} did not answer: {e}") from e
         if response.status_code >= 500:
             raise _Retry(f"the coordinator at {self.url} failed ({response.status_code})")
+        if response.status_code == 429:  # throttled: a while later it will answer
+            raise _Retry(
+                f"the coordinator at {self.url} asks this agent to slow down (429)",
+                after=_retry_after(response),
+            )
         if response.status_code >= 400:
             raise _refusal(response)
         return response
 
 
 class _Retry(Exception):
-    pass
+    def __init__(self, message: str, *, after: float = 0.0) -> None:
+        super().__init__(message)
+        self.after = after  # the least wait the coordinator asked for, in seconds
+
+
+def _retry_after(response: requests.Response) -> float:
+    """``Retry-After`` in seconds (DRF's throttles send it); 0 when absent or a date."""
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "0")))
+    except ValueError:
+        return 0.0
 
 
 def retrying(
@@ -161,12 +176,13 @@ def retrying(
             return call()
         except _Retry as e:
             waited = time.monotonic() - started
+            pause = max(delay, e.after)
             if stopping.is_set() or (
-                backoff.give_up_after is not None and waited + delay > backoff.give_up_after
+                backoff.give_up_after is not None and waited + pause > backoff.give_up_after
             ):
                 raise CoordinatorUnreachable(f"{what}: {e} (gave up after {waited:.0f} s)") from e
-            logger.warning("%s: %s; trying again in %.0f s", what, e, delay)
-            if stopping.wait(delay):
+            logger.warning("%s: %s; trying again in %.0f s", what, e, pause)
+            if stopping.wait(pause):
                 raise CoordinatorUnreachable(f"{what}: {e} (stopped)") from e
             delay = min(delay * 2, backoff.longest)
 

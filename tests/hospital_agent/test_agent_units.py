@@ -3,11 +3,14 @@ retries against an unreachable coordinator, sealed hand-offs on the real Redis."
 
 from __future__ import annotations
 
+import http.server
 import logging
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import redis
@@ -172,3 +175,49 @@ def test_weights_are_sealed_first_for_the_hospital_whose_turn_comes_next() -> No
     assert [p["hospital"] for p in assignment.others("b")] == ["c", "d", "a"]
     assert [p["hospital"] for p in assignment.others("d")] == ["a", "b", "c"]
     assert [p["hospital"] for p in assignment.others("a")] == ["b", "c", "d"]
+
+
+class _Throttling(http.server.BaseHTTPRequestHandler):
+    """A real HTTP server that throttles the first two requests, as DRF does (429 with
+    ``Retry-After``), then answers."""
+
+    calls: ClassVar[list[float]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.calls.append(time.monotonic())
+        throttled = len(self.calls) <= 2
+        body = (
+            b'{"code": "throttled", "message": "Request was throttled."}'
+            if throttled
+            else b'{"hospital": "h"}'
+        )
+        self.send_response(429 if throttled else 201)
+        if throttled:
+            self.send_header("Retry-After", "1")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_throttled_call_waits_as_long_as_the_coordinator_asks_then_goes_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _Throttling.calls = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Throttling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        # Backoff alone would retry after 0.05 s; Retry-After says 1 s.
+        coordinator = Coordinator(url, backoff=Backoff(first=0.05, longest=0.1, give_up_after=10))
+        with caplog.at_level(logging.WARNING):
+            assert coordinator.enrol(code="msc_x", public_key="k") == {"hospital": "h"}
+        first, second, third = _Throttling.calls
+        assert second - first >= 0.95 and third - second >= 0.95
+        assert caplog.text.count("asks this agent to slow down (429)") == 2
+    finally:
+        server.shutdown()
