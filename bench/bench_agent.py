@@ -77,17 +77,16 @@ from platform_setup import (
     WORKER_READY,
     add_model_args,
     add_run_args,
-    cleanup_redis,
+    clean_hospitals,
     configure,
     default_cut,
     job_data,
     log,
     make_admin,
     new_run,
+    platform_run,
     print_result,
     read_log,
-    remove_folder,
-    setup_django,
     shape_of,
     spawn,
     stop_processes,
@@ -537,26 +536,16 @@ def main(argv: list[str] | None = None) -> int:
     env = configure_agent(args, folder, tag)
     procs = Processes(folder, env, slug=f"bench-agent-{tag}")
     log(f"setting up in {folder} (queue {env['MEDSPLIT_CELERY_QUEUE']})")
-    result: dict[str, Any] = {}
-    try:
-        setup_django()
-        log("database migrated")
+    with platform_run(
+        folder,
+        keep=args.keep,
+        tails=procs.tails,
+        stop=procs.stop_all,
+        clean_redis=lambda: clean_hospitals(
+            args.redis_url, env["MEDSPLIT_CELERY_QUEUE"], [procs.slug] if procs.slug else []
+        ),
+    ):
         result = bench(args, env, procs, tag)
-    except BaseException:
-        log(f"failed; process logs:\n{procs.tails()}")
-        raise
-    finally:
-        log("stopping the processes")
-        procs.stop_all()
-        deleted = cleanup_redis(
-            args.redis_url,
-            env["MEDSPLIT_CELERY_QUEUE"],
-            [procs.slug] if procs.slug else [],
-            handoffs=True,
-            acl_users=True,
-        )
-        log(f"deleted {deleted} Redis keys and the ACL user hospital-{procs.slug}")
-        remove_folder(folder, args.keep)
     print_result(result, args.json, show)
     return 0
 

@@ -84,17 +84,16 @@ from bench_agent import _DONE, Processes, parse_agent_log, wait_until
 from platform_setup import (
     WORKER_READY,
     add_run_args,
-    cleanup_redis,
+    clean_hospitals,
     configure_platform,
     default_cut,
     job_data,
     log,
     make_admin,
     new_run,
+    platform_run,
     print_result,
     register_hospital,
-    remove_folder,
-    setup_django,
     shape_of,
     start_agent,
     start_platform,
@@ -482,20 +481,14 @@ def main(argv: list[str] | None = None) -> int:
     procs = Processes(folder, env, slug="")
     slugs: list[str] = []
     log(f"setting up in {folder} (queue {queue})")
-    result: dict[str, Any] = {}
-    try:
-        setup_django()
-        log("database migrated")
+    with platform_run(
+        folder,
+        keep=args.keep,
+        tails=procs.tails,
+        stop=lambda: stop_platform(procs),
+        clean_redis=lambda: clean_hospitals(args.redis_url, queue, slugs),
+    ):
         result = bench(args, procs, tag, slugs)
-    except BaseException:
-        log(f"failed; process logs:\n{procs.tails()}")
-        raise
-    finally:
-        log("stopping the processes")
-        stop_platform(procs)
-        deleted = cleanup_redis(args.redis_url, queue, slugs, handoffs=True, acl_users=True)
-        log(f"deleted {deleted} Redis keys and {len(slugs)} ACL user(s)")
-        remove_folder(folder, args.keep)
     print_result(result, args.json, show)
     return 0
 

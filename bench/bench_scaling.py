@@ -80,16 +80,15 @@ from platform_setup import (
     REPO,
     WORKER_READY,
     add_run_args,
-    cleanup_redis,
+    clean_hospitals,
     configure_platform,
     job_data,
     log,
     make_admin,
     new_run,
+    platform_run,
     print_result,
     register_hospital,
-    remove_folder,
-    setup_django,
     start_agent,
     start_platform,
     step_stamps,
@@ -435,20 +434,14 @@ def main(argv: list[str] | None = None) -> int:
     procs = Processes(folder, env, slug="")
     slugs: list[str] = []
     log(f"setting up in {folder} (queue {queue})")
-    result: dict[str, Any] = {}
-    try:
-        setup_django()
-        log("database migrated")
+    with platform_run(
+        folder,
+        keep=args.keep,
+        tails=lambda: procs.tails(1500),
+        stop=lambda: stop_platform(procs),
+        clean_redis=lambda: clean_hospitals(args.redis_url, queue, slugs),
+    ):
         result = bench(args, procs, tag, slugs)
-    except BaseException:
-        log(f"failed; process logs:\n{procs.tails(1500)}")
-        raise
-    finally:
-        log("stopping the processes")
-        stop_platform(procs)
-        deleted = cleanup_redis(args.redis_url, queue, slugs, handoffs=True, acl_users=True)
-        log(f"deleted {deleted} Redis keys and {len(slugs)} ACL user(s)")
-        remove_folder(folder, args.keep)
     print_result(result, args.json, show)
     return 0
 

@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,39 @@ def stop_processes(
                 on_kill(name)
             process.kill()
             process.wait()
+
+
+def clean_hospitals(redis_url: str, queue: str, slugs: list[str]) -> str:
+    """:func:`cleanup_redis` of a run with hospital agents (their streams, hand-offs and
+    ACL users), said in words."""
+    deleted = cleanup_redis(redis_url, queue, slugs, handoffs=True, acl_users=True)
+    return f"deleted {deleted} Redis keys and {len(slugs)} ACL user(s)"
+
+
+@contextmanager
+def platform_run(
+    folder: Path,
+    *,
+    keep: bool,
+    tails: Callable[[], str],
+    stop: Callable[[], None],
+    clean_redis: Callable[[], str],
+) -> Iterator[None]:
+    """Migrate the database, then run the body; if it fails, log the processes' logs
+    (``tails``). Whatever happens: ``stop`` the processes, ``clean_redis`` (it says what it
+    deleted) and remove ``folder`` unless ``keep``."""
+    try:
+        setup_django()
+        log("database migrated")
+        yield
+    except BaseException:
+        log(f"failed; process logs:\n{tails()}")
+        raise
+    finally:
+        log("stopping the processes")
+        stop()
+        log(clean_redis())
+        remove_folder(folder, keep)
 
 
 def remove_folder(folder: Path, keep: bool) -> None:
