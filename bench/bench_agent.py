@@ -10,7 +10,7 @@ Run from the repository root, with Redis running (``REDIS_URL``, default
 Everything is a real process, as in a deployment (and as in
 ``tests/hospital_agent/test_end_to_end.py``):
 
-- the coordinator: ``platform/manage.py runserver 127.0.0.1:<free port> --noreload`` on
+- the coordinator: ``manage.py runserver 127.0.0.1:<free port> --noreload`` on
   a temporary SQLite database (or ``DATABASE_URL`` when set) that this script migrates;
   ``MEDSPLIT_REDIS_ACL_PROVISIONER=hospitals.relay_acl.RedisAclUsers``, so enrolment
   makes the hospital's own Redis user ``hospital-<slug>``;
@@ -325,7 +325,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
     )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    manage = str(REPO / "platform" / "manage.py")
+    manage = str(REPO / "manage.py")
     procs.start(
         "coordinator",
         [sys.executable, manage, "runserver", f"127.0.0.1:{port}", "--noreload"],

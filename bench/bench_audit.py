@@ -55,7 +55,7 @@ from django.utils import timezone  # noqa: E402
 from audit.models import AuditEvent  # noqa: E402
 from audit.selectors import audit_verify_chain  # noqa: E402
 from audit.services import audit_record  # noqa: E402
-from coordinator.actors import Actor, ActorKind  # noqa: E402
+from kernel.actors import Actor, ActorKind  # noqa: E402
 
 GOAL_P95_MS = 2.0
 BLOCK = 100  # one writer: appends and plain inserts alternate in blocks of this many

@@ -153,7 +153,7 @@ def model_specs(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
 def not_runnable(name: str, shape: tuple[int, ...]) -> str | None:
     """Why ``name`` cannot be trained at ``shape`` cut at its default cut, or ``None``."""
     from medsplit.errors import MedSplitError
-    from medsplit.turns.setup import JobModel
+    from medsplit.training.setup import JobModel
 
     model = JobModel(name, len(shape) - 1, shape[0], 2, shape, seed=0)
     try:
@@ -189,7 +189,7 @@ def unsplit_run(job, train, warmup: int) -> tuple[list[float], Any]:
     import torch
 
     from medsplit.training.reference import train_unsplit
-    from medsplit.turns.setup import cached_split
+    from medsplit.training.setup import cached_split
     from workers.turn_runner import job_model
 
     config = job.training_config()
@@ -212,7 +212,7 @@ def same_weights(job, final: Path, trained) -> bool | None:
     import torch
 
     from medsplit.protocol.handoff import import_parties
-    from medsplit.turns.setup import cached_split, client_parties
+    from medsplit.training.setup import cached_split, client_parties
     from workers.turn_runner import job_model
 
     if not final.exists():

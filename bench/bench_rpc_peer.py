@@ -149,7 +149,7 @@ def job_parts(args: argparse.Namespace):
     from medsplit.data import synthetic_split
     from medsplit.protocol.optim import OptimizerConfig
     from medsplit.training.config import TrainingConfig
-    from medsplit.turns.setup import JobModel
+    from medsplit.training.setup import JobModel
 
     torch.set_num_threads(args.threads)
     shape = shape_of(args.input_shape)
@@ -341,9 +341,9 @@ def turn_ids(args: argparse.Namespace, block: int):
 def role_medsplit_server(args: argparse.Namespace) -> int:
     from medsplit.channel import RedisChannel, StreamPair
     from medsplit.protocol.handoff import export_parties
+    from medsplit.training.setup import server_party
     from medsplit.turns import MemoryCheckpointStore, ServerOutcome, TurnServer
     from medsplit.turns.server import SERVER_PARTY
-    from medsplit.turns.setup import server_party
 
     out = protocol_out()
     split, config, _ = job_parts(args)
@@ -375,8 +375,8 @@ def role_medsplit_server(args: argparse.Namespace) -> int:
 def role_medsplit_hospital(args: argparse.Namespace) -> int:
     from medsplit.channel import RedisChannel, StreamPair
     from medsplit.protocol.handoff import export_parties
+    from medsplit.training.setup import client_parties
     from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
-    from medsplit.turns.setup import client_parties
 
     out = protocol_out()
     split, config, train = job_parts(args)

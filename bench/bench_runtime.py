@@ -285,8 +285,8 @@ def client_for(job, channel, train, on_step):
     """The hospital's side of the job's only turn."""
     from medsplit.channel import StreamPair
     from medsplit.protocol.handoff import export_parties
+    from medsplit.training.setup import client_parties
     from medsplit.turns import MemorySnapshots, TurnClient, TurnIds
-    from medsplit.turns.setup import client_parties
     from workers.turn_runner import job_model
 
     config = job.training_config()
@@ -313,9 +313,9 @@ def run_memory_turn(bench: Bench, job, train, times: StepTimes, total: int) -> N
     """Baseline: TurnServer and TurnClient over an InMemoryChannel, two threads."""
     from medsplit.channel import InMemoryChannel, StreamPair
     from medsplit.protocol.handoff import export_parties
+    from medsplit.training.setup import server_party
     from medsplit.turns import ClientOutcome, MemoryCheckpointStore, TurnIds, TurnServer
     from medsplit.turns.server import SERVER_PARTY
-    from medsplit.turns.setup import server_party
 
     channel = InMemoryChannel()
     client, split, config, slug = client_for(

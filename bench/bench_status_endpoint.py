@@ -262,8 +262,8 @@ def _seed(audit_rows: int) -> int:
     from audit.chain import content_hash
     from audit.models import AuditChainHead, AuditEvent
     from audit.selectors import audit_verify_chain
-    from coordinator.actors import Actor, ActorKind, Role
     from hospitals.models import Hospital
+    from kernel.actors import Actor, ActorKind, Role
     from training import services
 
     call_command("migrate", verbosity=0)

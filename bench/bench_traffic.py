@@ -285,6 +285,7 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
     from medsplit.protocol.optim import OptimizerConfig
     from medsplit.protocol.sealing import SealContext, generate_private_key, seal, unseal
     from medsplit.training.config import TrainingConfig
+    from medsplit.training.setup import JobModel, client_parties, server_party
     from medsplit.turns import (
         ClientOutcome,
         MemoryCheckpointStore,
@@ -295,7 +296,6 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
         TurnServer,
     )
     from medsplit.turns.server import SERVER_PARTY
-    from medsplit.turns.setup import JobModel, client_parties, server_party
 
     spec = get_model_spec(case.model)
     cuts = (spec.default_cut,) if mode == "vanilla" else tuple(spec.default_ushaped_cuts)

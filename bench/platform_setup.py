@@ -257,7 +257,7 @@ def make_admin(username: str) -> Any:
     from django.contrib.auth import get_user_model
 
     from accounts.models import Membership
-    from coordinator.actors import Actor, ActorKind, Role
+    from kernel.actors import Actor, ActorKind, Role
 
     user = get_user_model().objects.create_user(username=username, password=None)
     Membership.objects.create(user=user, role=Role.CONSORTIUM_ADMIN.value)
@@ -367,7 +367,7 @@ def start_platform(procs: Any, *, threads: int, name: str) -> str:
     from bench_agent import answers, free_port, wait_until
 
     url = f"http://127.0.0.1:{free_port()}"
-    manage = str(REPO / "platform" / "manage.py")
+    manage = str(REPO / "manage.py")
     procs.start("coordinator", [sys.executable, manage, "runserver", url[7:], "--noreload"])
     procs.start("worker", worker_command(threads, procs.env["MEDSPLIT_CELERY_QUEUE"], name))
     beat = ["-A", "workers.celery_app", "beat", "-s", str(procs.folder / "beat-schedule")]

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from coordinator.errors import Conflict
+from kernel.errors import Conflict
 from medsplit.channel import StreamPair
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import MedSplitError
 from medsplit.protocol.handoff import export_parties
+from medsplit.training.setup import JobModel, cached_split, server_party
 from medsplit.turns import Directive, TurnFailed, TurnIds, TurnProgress, TurnServer
 from medsplit.turns.checkpoints import BASE, CheckpointStore, read_verified, write_atomic
 from medsplit.turns.server import SERVER_PARTY
-from medsplit.turns.setup import JobModel, cached_split, server_party
 from training.models import Job, Turn
 from training.runs import (
     checkpoint_dir,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.errors import PlatformError
+from kernel.errors import PlatformError
 
 
 class InvalidCredentials(PlatformError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from coordinator.actors import Role
+from kernel.actors import Role
 
 
 class Membership(models.Model):

@@ -7,35 +7,14 @@ from typing import TYPE_CHECKING
 from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 
-from accounts.permissions import can_see_person, require_reads_people
-from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import NotFound
+from kernel.actors import Actor, ActorKind, Role, membership_of, role_of
+from kernel.errors import NotFound
+from kernel.permissions import can_see_person, require_reads_people
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
-    from hospitals.models import Hospital
-
-
-def role_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:
-    """The role of ``user`` and, for a hospital admin, the hospital.
-
-    Django superusers are consortium admins; a person without a membership has no role
-    and may do nothing.
-    """
-    if not user.is_authenticated or not user.is_active:
-        return None, None
-    return membership_of(user)
-
-
-def membership_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:
-    """The role ``user`` holds (active or not) and, for a hospital admin, the hospital."""
-    membership = getattr(user, "membership", None)
-    if membership is not None:
-        return Role(membership.role), membership.hospital
-    if user.is_superuser:
-        return Role.CONSORTIUM_ADMIN, None
-    return None, None
+__all__ = ["membership_of", "people_visible_to", "person_get", "role_of"]
 
 
 def people_visible_to(*, actor: Actor) -> QuerySet:

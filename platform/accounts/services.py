@@ -12,12 +12,12 @@ from django.db import IntegrityError, transaction
 
 from accounts.errors import InvalidCredentials
 from accounts.models import Membership
-from accounts.permissions import can_see_person, require_consortium_admin, require_person
 from accounts.selectors import membership_of, role_of
 from audit.services import audit_record
-from coordinator.actors import Actor, ActorKind, Role, client_ip
-from coordinator.errors import Conflict, InvalidInput, NotFound
 from hospitals.models import Hospital
+from kernel.actors import Actor, ActorKind, Role, client_ip
+from kernel.errors import Conflict, InvalidInput, NotFound
+from kernel.permissions import can_see_person, require_consortium_admin, require_person
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser

@@ -1,7 +1,7 @@
 """Errors of the audit log.
 
 These are errors of the code that calls the audit log, not of an API request: they are
-not :class:`coordinator.errors.PlatformError` (which would answer 400 to a client for a
+not :class:`kernel.errors.PlatformError` (which would answer 400 to a client for a
 mistake the client did not make). Left uncaught, they end in a 500 and a log line.
 """
 

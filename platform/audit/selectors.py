@@ -9,12 +9,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from accounts.permissions import require_person_with_role
 from audit.chain import CONTENT_FIELDS, GENESIS, content_hash
 from audit.filters import AuditEventFilter
 from audit.models import AuditChainHead, AuditEvent
-from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import InvalidInput, PermissionDenied
+from kernel.actors import Actor, ActorKind, Role
+from kernel.errors import InvalidInput, PermissionDenied
+from kernel.permissions import require_person_with_role
 
 _VERIFY_CHUNK = 2000
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from audit.chain import GENESIS, clean_details, content_hash
 from audit.errors import AuditError, ChainHeadMissing
 from audit.models import AuditChainHead, AuditEvent
-from coordinator.actors import Actor
+from kernel.actors import Actor
 
 __all__ = ["GENESIS", "audit_record"]
 

@@ -139,10 +139,10 @@ REST_FRAMEWORK = {
     # Trust no X-Forwarded-For: throttles and the audit log use the peer address.
     "NUM_PROXIES": 0,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "coordinator.pagination.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "kernel.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "coordinator.errors.exception_handler",
+    "EXCEPTION_HANDLER": "kernel.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {
         # Secrets are long and random; these limits stop online guessing and floods.
         "sign_in": os.environ.get("MEDSPLIT_THROTTLE_SIGN_IN", "10/minute"),

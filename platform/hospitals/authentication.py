@@ -8,9 +8,9 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from coordinator import secrets
-from coordinator.api.bearer import KEYWORD, bearer_token
 from hospitals.models import AgentToken, Hospital
+from kernel import secrets
+from kernel.api.bearer import KEYWORD, bearer_token
 
 TOKEN_PREFIX = "msa"
 

@@ -17,7 +17,7 @@ expired            410     ``enrolment_code_expired``    older than ENROLMENT_CO
 
 from __future__ import annotations
 
-from coordinator.errors import Gone, NotFound, PlatformError
+from kernel.errors import Gone, NotFound, PlatformError
 
 
 class EnrolmentCodeUnknown(NotFound):

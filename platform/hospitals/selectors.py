@@ -11,15 +11,15 @@ from django.conf import settings
 from django.db.models import BooleanField, Case, QuerySet, Value, When
 from django.utils import timezone
 
-from accounts.permissions import (
+from hospitals.models import AgentToken, Hospital
+from kernel.actors import Actor, ActorKind, Role
+from kernel.errors import InvalidInput, NotFound
+from kernel.permissions import (
     require_person,
     require_person_with_role,
     require_reads_hospital,
     require_sees_hospital,
 )
-from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import InvalidInput, NotFound
-from hospitals.models import AgentToken, Hospital
 
 
 def offline_after() -> timedelta:

@@ -24,16 +24,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts.permissions import (
-    require_agent,
-    require_consortium_admin,
-    require_consortium_admin_on,
-    require_manages_hospital,
-)
 from audit.services import audit_record
-from coordinator import secrets
-from coordinator.actors import Actor, ActorKind
-from coordinator.errors import Conflict, InvalidInput, NotFound, PlatformError
 from hospitals.authentication import TOKEN_PREFIX
 from hospitals.errors import (
     EnrolmentCodeExpired,
@@ -50,6 +41,15 @@ from hospitals.models import (
     RedisCredential,
 )
 from hospitals.relay_acl import get_provisioner, relay_key_pattern, relay_username
+from kernel import secrets
+from kernel.actors import Actor, ActorKind
+from kernel.errors import Conflict, InvalidInput, NotFound, PlatformError
+from kernel.permissions import (
+    require_agent,
+    require_consortium_admin,
+    require_consortium_admin_on,
+    require_manages_hospital,
+)
 
 CODE_PREFIX = "msc"
 # Slugs that would collide with routes under /api/hospitals/.

@@ -10,10 +10,10 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from coordinator import secrets
-from coordinator.actors import actor_from_request
-from coordinator.api.bearer import KEYWORD, bearer_token
-from coordinator.errors import PermissionDenied
+from kernel import secrets
+from kernel.actors import actor_from_request
+from kernel.api.bearer import KEYWORD, bearer_token
+from kernel.errors import PermissionDenied
 
 
 @dataclass(frozen=True)

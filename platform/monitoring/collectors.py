@@ -21,9 +21,9 @@ from kombu.transport.redis import Channel as KombuRedisChannel
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from coordinator.actors import Actor
 from hospitals.models import Hospital
 from hospitals.selectors import hospital_list
+from kernel.actors import Actor
 from training.models import Job, MetricPoint, Turn
 from training.states import JobState
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from accounts.permissions import require_agent
 from audit.services import audit_record
-from coordinator.actors import Actor
-from coordinator.errors import Conflict, InvalidInput, NotFound
 from hospitals.models import Hospital
+from kernel.actors import Actor
+from kernel.errors import Conflict, InvalidInput, NotFound
+from kernel.permissions import require_agent
 from training.dispatch import job_changed_on_commit
 from training.models import HandOff, Turn
 from training.services import handoff_record, turn_fail

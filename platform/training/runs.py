@@ -21,7 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from audit.services import audit_record
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from medsplit.turns import Directive
 from training.models import Job, ServerCheckpoint, Turn
 from training.services import turn_finish

@@ -14,9 +14,9 @@ from typing import Any
 from django.db.models import Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
-from accounts.permissions import require_agent, require_person, require_person_with_role
-from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import InvalidInput, NotFound
+from kernel.actors import Actor, ActorKind, Role
+from kernel.errors import InvalidInput, NotFound
+from kernel.permissions import require_agent, require_person, require_person_with_role
 from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn

@@ -17,7 +17,7 @@ Idempotency, for tasks that may run twice:
 * ``handoff_record`` again with the same ciphertext hash returns the first record.
 
 Anything else out of order (finishing a failed turn, failing a completed one, a job
-transition not in the table) is a :class:`~coordinator.errors.Conflict`.
+transition not in the table) is a :class:`~kernel.errors.Conflict`.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.permissions import require_consortium_admin
 from audit.services import audit_record
-from coordinator.actors import Actor, ActorKind
-from coordinator.errors import Conflict, InvalidInput, PermissionDenied
 from hospitals.models import Hospital
+from kernel.actors import Actor, ActorKind
+from kernel.errors import Conflict, InvalidInput, PermissionDenied
+from kernel.permissions import require_consortium_admin
 from training.dispatch import job_changed_on_commit
 from training.models import (
     HandOff,

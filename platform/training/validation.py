@@ -1,7 +1,7 @@
 """Checking a job's configuration against the registry, the cut table and the hospitals.
 
 :func:`job_spec_validate` checks everything a job names, server-side, and raises one
-:class:`~coordinator.errors.InvalidInput` whose ``details`` map each wrong field to all
+:class:`~kernel.errors.InvalidInput` whose ``details`` map each wrong field to all
 of its reasons, so a form can show every problem at once. Syntax (types, ranges, unknown
 fields) is checked by a DRF serializer; meaning (the model exists, the cuts exist and fit
 the participants' reported data, the optimizers are valid...) by medsplit itself.
@@ -24,8 +24,8 @@ from rest_framework import serializers
 from rest_framework.fields import SkipField
 from torch import nn
 
-from coordinator.errors import InvalidInput, NotFound
 from hospitals.models import Hospital
+from kernel.errors import InvalidInput, NotFound
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
 from medsplit.errors import ConfigError, CutError, UnknownModelError

@@ -1,6 +1,7 @@
 """The dashboard in a real browser (Playwright + Chromium, headless) against the live
 coordinator: sign in, register and approve hospitals, create a job, watch a running job's
-progress change, filter the audit log, and roles. Each page is saved to docs/screenshots/.
+progress change, filter the audit log, and roles. Each page is saved as a picture in a
+temporary folder, or in docs/screenshots/ by `scripts/screenshots`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pytest
 from playwright.sync_api import expect
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
 from hospitals import services as hospital_services
+from kernel.actors import Actor
 from medsplit.training.verify import deterministic
 from tests.frontend.conftest import screenshot, sign_in
 from tests.workers.hospitals import Hospitals, local_data

@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 from PIL import Image
 
-from coordinator.actors import Actor
 from hospitals import services as hospital_services
 from hospitals.models import Hospital
+from kernel.actors import Actor
 from tests.hospital_agent.test_end_to_end import consortium
 from tests.workers.processes import Processes, processes, wait_until
 from training import services

@@ -26,17 +26,17 @@ from django.core import serializers as django_serializers
 from django.core.cache import cache
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
 from hospital_agent.data import DataSource, load_local, prepare
 from hospitals import services as hospital_services
 from hospitals.models import Hospital
+from kernel.actors import Actor
 from medsplit.data import synthetic_split
 from medsplit.protocol.handoff import import_parties
 from medsplit.training.reference import train_unsplit
+from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
 from medsplit.turns.checkpoints import read_verified
 from medsplit.turns.server import SERVER_PARTY
-from medsplit.turns.setup import client_parties, server_party
 from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
 from training import services
 from training.models import Job, Turn

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from coordinator.errors import PlatformError
+from kernel.errors import PlatformError
 
 
 def race(attempt: Callable[[], object], n: int = 2) -> list[object]:

@@ -10,10 +10,10 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
-from coordinator import secrets
-from coordinator.actors import Actor, ActorKind, Role
 from hospitals.authentication import TOKEN_PREFIX
 from hospitals.models import AgentToken, Hospital
+from kernel import secrets
+from kernel.actors import Actor, ActorKind, Role
 from tests.platform_apps.audit.support import flush_past_audit_triggers
 
 PASSWORD = "correct horse battery staple"

@@ -20,7 +20,7 @@ from django.middleware.csrf import _get_new_csrf_string
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
 
-from coordinator.actors import Role
+from kernel.actors import Role
 from tests.platform_apps.conftest import issue_agent_token, make_hospital, make_person
 
 # Built at import: generating the schema reads views and serializers, not the database.

@@ -16,10 +16,10 @@ from medsplit.data import Split, synthetic_split
 from medsplit.errors import ChannelError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.training.reference import train_unsplit
+from medsplit.training.setup import client_parties, server_party
 from medsplit.turns import ClientOutcome, ClientReport, MemorySnapshots, TurnClient, TurnIds
 from medsplit.turns.checkpoints import read_verified
 from medsplit.turns.server import SERVER_PARTY
-from medsplit.turns.setup import client_parties, server_party
 from training.models import Job
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from medsplit.training.verify import deterministic
 from tests.workers.hospitals import Hospitals, assert_exact, local_data
 from tests.workers.processes import (

@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.utils import timezone
 
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from training import services
 from training.models import Turn
 from training.scheduling import job_advance, jobs_to_advance, turns_without_runner

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from medsplit.training.verify import deterministic
 from tests.workers.hospitals import Hospitals, assert_exact, local_data
 from tests.workers.processes import Processes, processes, wait_until

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from medsplit.training.verify import deterministic
 from tests.redis_server import forget_jobs
 from tests.workers.hospitals import Hospitals, assert_exact, local_data

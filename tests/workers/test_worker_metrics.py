@@ -20,7 +20,7 @@ from django.db.models import Sum
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from tests.redis_server import forget_jobs
 from tests.workers.hospitals import Hospitals, local_data
 from tests.workers.processes import Processes, free_port, processes, wait_until

@@ -6,8 +6,8 @@ from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from accounts.selectors import membership_of
-from coordinator.actors import Role
-from coordinator.api.strict import StrictBooleanField, StrictCharField, StrictSerializer
+from kernel.actors import Role
+from kernel.api.strict import StrictBooleanField, StrictCharField, StrictSerializer
 
 ROLE_CHOICES = [r.value for r in Role]
 

@@ -18,10 +18,10 @@ from accounts.api.serializers import (
     PersonUpdateSerializer,
     SignInSerializer,
 )
-from accounts.permissions import require_consortium_admin, require_person
-from coordinator.actors import Role, actor_from_request
-from coordinator.api.errors_schema import error
-from coordinator.api.throttling import ScopedThrottle
+from kernel.actors import Role, actor_from_request
+from kernel.api.errors_schema import error
+from kernel.api.throttling import ScopedThrottle
+from kernel.permissions import require_consortium_admin, require_person
 
 ERRORS = {
     400: error("invalid input: {code, message, details}"),

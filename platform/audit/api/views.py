@@ -18,8 +18,8 @@ from audit.api.export import csv_lines, jsonl_lines
 from audit.api.serializers import AuditEventSerializer, VerifyResultSerializer
 from audit.models import AuditEvent
 from audit.selectors import audit_event_list, audit_verify_chain
-from coordinator.actors import actor_from_request
-from coordinator.api.errors_schema import error
+from kernel.actors import actor_from_request
+from kernel.api.errors_schema import error
 
 _WHO = (
     "Consortium admins and observers read every event; a hospital admin reads the events "

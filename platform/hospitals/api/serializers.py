@@ -10,14 +10,14 @@ from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from coordinator.api.strict import (
+from hospitals.models import AgentToken, Hospital
+from hospitals.selectors import hospital_is_online
+from kernel.api.strict import (
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
     StrictSerializer,
 )
-from hospitals.models import AgentToken, Hospital
-from hospitals.selectors import hospital_is_online
 
 MAX_IMAGE_DIMS = 4  # (C, H, W) or (C, D, H, W)
 MAX_IMAGE_SIDE = 16384

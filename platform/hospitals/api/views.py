@@ -16,14 +16,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import (
-    require_agent,
-    require_consortium_admin,
-    require_consortium_admin_on,
-)
-from coordinator.actors import actor_from_request, client_ip
-from coordinator.api.errors_schema import error
-from coordinator.api.throttling import ScopedThrottle
 from hospitals import selectors, services
 from hospitals.api.serializers import (
     AgentHospitalSerializer,
@@ -43,6 +35,14 @@ from hospitals.api.serializers import (
 )
 from hospitals.authentication import AgentTokenAuthentication
 from hospitals.models import Hospital
+from kernel.actors import actor_from_request, client_ip
+from kernel.api.errors_schema import error
+from kernel.api.throttling import ScopedThrottle
+from kernel.permissions import (
+    require_agent,
+    require_consortium_admin,
+    require_consortium_admin_on,
+)
 
 ERRORS = {
     400: error("invalid input: {code, message, details}"),

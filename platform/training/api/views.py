@@ -15,10 +15,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import require_agent
-from coordinator.actors import Actor, actor_from_request
-from coordinator.api.strict import StrictCharField, StrictIntegerField, StrictSerializer
-from coordinator.errors import InvalidInput
+from kernel.actors import Actor, actor_from_request
+from kernel.api.strict import StrictCharField, StrictIntegerField, StrictSerializer
+from kernel.errors import InvalidInput
+from kernel.permissions import require_agent
 from training import agent_services, selectors, services
 from training.api.filters import JobFilter
 from training.api.serializers import (

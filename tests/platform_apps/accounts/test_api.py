@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import Membership
 from audit.models import AuditEvent
-from coordinator.actors import Role
+from kernel.actors import Role
 from tests.platform_apps.conftest import PASSWORD, make_person
 from tests.platform_apps.hospitals.helpers import (
     assert_error,

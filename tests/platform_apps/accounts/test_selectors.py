@@ -6,8 +6,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from accounts.selectors import membership_of, people_visible_to, person_get, role_of
-from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import NotFound, PermissionDenied
+from kernel.actors import Actor, ActorKind, Role
+from kernel.errors import NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor, make_person
 
 pytestmark = pytest.mark.django_db

@@ -8,8 +8,8 @@ from django.contrib.auth import get_user_model
 from accounts import services
 from accounts.models import Membership
 from audit.models import AuditEvent
-from coordinator.actors import Actor, Role
-from coordinator.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from kernel.actors import Actor, Role
+from kernel.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor, make_person
 
 pytestmark = pytest.mark.django_db

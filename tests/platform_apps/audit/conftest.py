@@ -8,7 +8,7 @@ import pytest
 
 from audit.models import AuditEvent
 from audit.services import audit_record
-from coordinator.actors import Actor, ActorKind
+from kernel.actors import Actor, ActorKind
 
 
 @pytest.fixture

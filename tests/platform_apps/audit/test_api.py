@@ -19,8 +19,8 @@ from audit.chain import content_hash
 from audit.filters import AuditEventFilter
 from audit.models import AuditEvent
 from audit.services import audit_record
-from coordinator.actors import Actor
 from hospitals.models import Hospital
+from kernel.actors import Actor
 from tests.platform_apps.audit.support import EVENTS, tamper
 from tests.platform_apps.conftest import agent_actor
 

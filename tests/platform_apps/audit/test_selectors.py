@@ -6,8 +6,8 @@ import pytest
 
 from audit.selectors import audit_event_list, audit_verify_chain
 from audit.services import audit_record
-from coordinator.actors import Actor, ActorKind
-from coordinator.errors import InvalidInput, PermissionDenied
+from kernel.actors import Actor, ActorKind
+from kernel.errors import InvalidInput, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db

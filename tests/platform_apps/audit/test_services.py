@@ -15,7 +15,7 @@ from audit.errors import AppendOnlyError, AuditError, ChainHeadMissing
 from audit.models import AuditChainHead, AuditEvent
 from audit.selectors import audit_verify_chain
 from audit.services import audit_record
-from coordinator.actors import Actor, ActorKind
+from kernel.actors import Actor, ActorKind
 from tests.platform_apps.audit.support import HEAD, tamper
 from tests.platform_apps.conftest import agent_actor
 

@@ -13,7 +13,7 @@ from audit.chain import content_hash
 from audit.models import AuditEvent
 from audit.selectors import ProblemKind, audit_verify_chain
 from audit.services import audit_record
-from coordinator.actors import Actor
+from kernel.actors import Actor
 from tests.platform_apps.audit.support import EVENTS, HEAD, postgresql_only, tamper
 
 N = 40

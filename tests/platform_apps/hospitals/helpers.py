@@ -8,9 +8,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from django.conf import settings
 from django.test import override_settings
 
-from coordinator.actors import Actor
 from hospitals import services
 from hospitals.models import Hospital
+from kernel.actors import Actor
 
 PROVISIONERS = "tests.platform_apps.hospitals.provisioners"
 

@@ -13,8 +13,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
-from coordinator.actors import Role
 from hospitals.models import AgentToken, EnrolmentCode, Hospital, RedisCredential
+from kernel.actors import Role
 from tests.platform_apps.conftest import make_person
 from tests.platform_apps.hospitals.helpers import (
     assert_error,

@@ -23,7 +23,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
 from hospitals import services
 from hospitals.errors import RelayProvisioningFailed
 from hospitals.relay_acl import (
@@ -34,6 +33,7 @@ from hospitals.relay_acl import (
     relay_key_pattern,
     relay_username,
 )
+from kernel.actors import Actor
 from medsplit.errors import ChannelError
 from tests.platform_apps.conftest import make_hospital
 from tests.platform_apps.hospitals.helpers import issue_code, new_public_key

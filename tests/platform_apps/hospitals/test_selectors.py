@@ -8,10 +8,10 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from coordinator.actors import Actor, ActorKind
-from coordinator.errors import InvalidInput, NotFound, PermissionDenied
 from hospitals import selectors
 from hospitals.models import Hospital
+from kernel.actors import Actor, ActorKind
+from kernel.errors import InvalidInput, NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db

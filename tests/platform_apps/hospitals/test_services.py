@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
-from coordinator.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from hospitals import services
 from hospitals.errors import EnrolmentCodeUsed, RelayProvisioningFailed
 from hospitals.models import AgentToken, EnrolmentCode, Hospital
+from kernel.actors import Actor
+from kernel.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
 from tests.platform_apps.hospitals.helpers import issue_code, new_public_key, use_provisioner
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.actors import Actor
 from hospitals.models import Hospital
+from kernel.actors import Actor
 from tests.platform_apps.conftest import make_hospital
 from training import services
 from training.models import Job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.errors import NotFound, PermissionDenied
+from kernel.errors import NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
 from training import selectors, services
 from training.models import Job

@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from coordinator.actors import Actor
-from coordinator.errors import Conflict, InvalidInput, PermissionDenied
 from hospitals.models import Hospital
+from kernel.actors import Actor
+from kernel.errors import Conflict, InvalidInput, PermissionDenied
 from training import services
 from training.models import HandOff, Job, MetricPoint, Round, Turn
 from training.states import TRANSITIONS, JobState, Who

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.errors import InvalidInput
 from hospitals.models import Hospital
+from kernel.errors import InvalidInput
 from tests.platform_apps.conftest import make_hospital
 from tests.platform_apps.training.conftest import report
 from training.validation import job_spec_validate, model_cut_table, parse_input_shape

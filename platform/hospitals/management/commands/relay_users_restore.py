@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from coordinator.actors import Actor
 from hospitals.errors import RelayProvisioningFailed
 from hospitals.services import relay_users_restore
+from kernel.actors import Actor
 
 
 class Command(BaseCommand):

@@ -12,9 +12,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import audit_record
-from coordinator.actors import Actor
 from hospitals.errors import RelayProvisioningFailed
 from hospitals.relay_acl import WORKER_KEY_PATTERNS, RedisAclUsers
+from kernel.actors import Actor
 
 
 class Command(BaseCommand):

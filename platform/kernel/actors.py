@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
     from rest_framework.request import Request
 
-    from hospitals.models import Hospital
+
+class Hospital(Protocol):
+    """What the kernel needs of a hospital (``hospitals.models.Hospital`` is one): the
+    kernel imports no app, so it names the attributes it reads instead of the model."""
+
+    pk: Any
+    slug: str
 
 
 class ActorKind(StrEnum):
@@ -85,10 +91,33 @@ def client_ip(request: Request) -> str | None:
     return request.META.get("REMOTE_ADDR")
 
 
+def role_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:
+    """The role of ``user`` and, for a hospital admin, the hospital.
+
+    Django superusers are consortium admins; a person without a membership has no role
+    and may do nothing. Inactive people have no role.
+    """
+    if not user.is_authenticated or not user.is_active:
+        return None, None
+    return membership_of(user)
+
+
+def membership_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:
+    """The role ``user`` holds (active or not) and, for a hospital admin, the hospital.
+
+    Read from the user's ``membership`` (``accounts.models.Membership``, reached through
+    its reverse relation, so the kernel need not import the app).
+    """
+    membership = getattr(user, "membership", None)
+    if membership is not None:
+        return Role(membership.role), membership.hospital
+    if user.is_superuser:
+        return Role.CONSORTIUM_ADMIN, None
+    return None, None
+
+
 def actor_from_request(request: Request) -> Actor:
     """The actor of an authenticated API request (a person's session or an agent token)."""
-    from accounts.selectors import role_of  # apps import models lazily
-
     ip = client_ip(request)
     agent = getattr(request, "auth", None)
     hospital = getattr(agent, "hospital", None)

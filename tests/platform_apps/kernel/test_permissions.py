@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from accounts import permissions
-from coordinator.actors import Actor, ActorKind
-from coordinator.errors import NotFound, PermissionDenied
+from kernel import permissions
+from kernel.actors import Actor, ActorKind
+from kernel.errors import NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ DRF's stock ``ScopedRateThrottle`` has three traits this one does not:
   all agents would share one budget; this one keys an agent by its hospital;
 - it believes ``X-Forwarded-For`` unless NUM_PROXIES is set, so a client could dodge the
   limit by inventing addresses; this one takes the address the audit log takes
-  (:func:`coordinator.actors.client_ip`).
+  (:func:`kernel.actors.client_ip`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
 
-from coordinator.actors import client_ip
+from kernel.actors import client_ip
 
 
 class ScopedThrottle(ScopedRateThrottle):

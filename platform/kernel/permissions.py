@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coordinator.actors import Actor, ActorKind, Role
-from coordinator.errors import NotFound, PermissionDenied
+from kernel.actors import Actor, ActorKind, Hospital, Role
+from kernel.errors import NotFound, PermissionDenied
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
-
-    from hospitals.models import Hospital
 
 
 def require_consortium_admin(actor: Actor, action: str) -> None:
