@@ -19,6 +19,7 @@ COPY pyproject.toml README.md ./
 COPY medsplit medsplit
 COPY hospital_agent hospital_agent
 RUN pip install --no-cache-dir .
+COPY manage.py ./
 COPY platform platform
 COPY workers workers
 COPY frontend/src frontend/src

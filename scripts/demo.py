@@ -228,9 +228,9 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from coordinator.actors import Actor, ActorKind, Role
     from hospitals import services as hospital_services
     from hospitals.models import Hospital
+    from kernel.actors import Actor, ActorKind, Role
     from training import services
     from training.models import Job, Turn
 
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
     base = f"http://127.0.0.1:{args.port}"
     children.start(
         "coordinator",
-        [sys.executable, "platform/manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"],
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"],
     )
     celery = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
     queue = env["MEDSPLIT_CELERY_QUEUE"]
@@ -325,9 +325,9 @@ def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[floa
     from medsplit.data import Split
     from medsplit.protocol.handoff import import_parties
     from medsplit.training.evaluate import score
+    from medsplit.training.setup import client_parties, server_party
     from medsplit.turns.checkpoints import read_verified
     from medsplit.turns.server import SERVER_PARTY
-    from medsplit.turns.setup import client_parties, server_party
     from training.runs import checkpoint_dir
     from workers.turn_runner import job_model
 

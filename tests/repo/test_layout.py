@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP_LEVEL = ["medsplit", "platform", "workers", "hospital_agent", "frontend", "tests", "bench"]
+TOP_LEVEL = [
+    "medsplit",
+    "platform",
+    "workers",
+    "hospital_agent",
+    "frontend",
+    "tests",
+    "bench",
+    "docs",
+]
 NO_FRAMEWORKS = ["medsplit", "hospital_agent"]
 READS_OTHER_PARTIES = ["medsplit", "hospital_agent", "workers"]
 
@@ -38,19 +47,46 @@ def test_design_folders_exist(folder: str) -> None:
     assert (ROOT / folder).is_dir()
 
 
+def _platform_module_of(command: list[str], *, cwd: Path, env: dict[str, str]) -> Path:
+    """The folder of the ``platform`` module that ``command`` (which prints its
+    ``__file__`` last) imported."""
+    out = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return Path(out.splitlines()[-1]).resolve().parent
+
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
+PRINT_PLATFORM = "import platform; print(platform.__file__); platform.machine()"
+
+
 @pytest.mark.parametrize("cwd", [".", "platform", "medsplit", "tests"])
 def test_import_platform_gives_the_standard_library(cwd: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "platform")])}
-    out = subprocess.run(
-        [sys.executable, "-c", "import platform; print(platform.__file__); platform.machine()"],
-        cwd=ROOT / cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    assert Path(out).resolve().parent == stdlib
+    command = [sys.executable, "-c", PRINT_PLATFORM]
+    assert _platform_module_of(command, cwd=ROOT / cwd, env=env) == STDLIB
+
+
+def test_manage_py_sits_at_the_root_only() -> None:
+    """DESIGN.md's top level: ``manage.py`` at the root, no second copy in ``platform/``."""
+    assert (ROOT / "manage.py").is_file()
+    assert os.access(ROOT / "manage.py", os.X_OK)
+    assert sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("platform/**/manage.py")) == []
+
+
+def test_the_coordinator_process_still_has_the_standard_library_platform(tmp_path: Path) -> None:
+    """``manage.py`` puts ``platform/`` on the path and runs Django; inside that process
+    ``import platform`` is still the standard library's module."""
+    env = {**os.environ, "MEDSPLIT_DATA_DIR": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    command = [
+        sys.executable,
+        "manage.py",
+        "shell",
+        "-c",
+        f"import coordinator.settings; {PRINT_PLATFORM}",
+    ]
+    assert _platform_module_of(command, cwd=ROOT, env=env) == STDLIB
 
 
 def test_platform_folder_is_not_a_package() -> None:
