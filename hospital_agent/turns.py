@@ -44,8 +44,8 @@ from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.roles import StepResult
 from medsplit.protocol.sealing import SealContext
 from medsplit.training.config import TrainingConfig
+from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
-from medsplit.turns.setup import JobModel, cached_split, client_parties
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,9 @@ from monai.networks.nets import DenseNet121, resnet18, resnet34
 from torch import nn
 
 from medsplit.errors import ConfigError, UnknownModelError
+from medsplit.models.args import check_build_args, is_int
+from medsplit.models.skip_net import SkipNet
+from medsplit.models.small_cnn import small_cnn
 
 
 @dataclass(frozen=True)
@@ -42,25 +45,6 @@ class ModelSpec:
     build: Callable[..., nn.Module]
 
 
-def check_build_args(*, spatial_dims: int, in_channels: int, num_classes: int) -> None:
-    """Check the arguments every registry builder takes.
-
-    Raises:
-        ConfigError: naming the argument and the values it accepts.
-    """
-    if not _is_int(spatial_dims) or spatial_dims not in (2, 3):
-        raise ConfigError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}")
-    if not _is_int(in_channels) or in_channels < 1:
-        raise ConfigError(f"in_channels must be an integer >= 1, got {in_channels!r}")
-    if not _is_int(num_classes) or num_classes < 2:
-        raise ConfigError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass; True as a channel count is a bug, not a 1.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _build_densenet121(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
     return DenseNet121(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes)
 
@@ -78,15 +62,10 @@ def _build_resnet34(*, spatial_dims: int, in_channels: int, num_classes: int) ->
 
 
 def _build_small_cnn(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
-    # Imported here because small_cnn imports check_build_args from this module.
-    from medsplit.models.small_cnn import small_cnn
-
     return small_cnn(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
 
 
 def _build_skip_net(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
-    from medsplit.models.skip_net import SkipNet
-
     return SkipNet(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
 
 
@@ -189,7 +168,7 @@ def build_model(
     """
     spec = get_model_spec(name)
     check_build_args(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
-    if seed is not None and (not _is_int(seed) or seed < 0):
+    if seed is not None and (not is_int(seed) or seed < 0):
         raise ConfigError(f"seed must be None or an integer >= 0, got {seed!r}")
     if seed is None:
         return spec.build(

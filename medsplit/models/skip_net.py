@@ -9,7 +9,7 @@ from monai.networks.blocks import Convolution
 from monai.networks.layers.factories import Pool
 from torch import nn
 
-from medsplit.models.registry import check_build_args
+from medsplit.models.args import check_build_args
 
 # Per-sample normalisation for the same reasons as in small_cnn: batches of one train,
 # no running statistics, per-sample gradients are well defined.

@@ -8,7 +8,7 @@ from monai.networks.blocks import Convolution
 from monai.networks.layers.factories import Pool
 from torch import nn
 
-from medsplit.models.registry import check_build_args
+from medsplit.models.args import check_build_args
 
 # GroupNorm rather than BatchNorm: it normalises each sample on its own, so a hospital's
 # batch of one still trains, there are no running statistics to hand on between

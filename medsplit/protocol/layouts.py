@@ -8,9 +8,9 @@ from medsplit.cutting import SplitModel
 from medsplit.errors import ConfigError
 from medsplit.modes import Mode
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import ClientRole, ServerRole
+from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
 from medsplit.protocol.ushaped import UShapedClient, UShapedServer
-from medsplit.protocol.vanilla import LossFn, VanillaClient, VanillaServer
+from medsplit.protocol.vanilla import VanillaClient, VanillaServer
 
 # Party name -> segment index. The server always holds segment 1.
 CLIENT_SEGMENTS: dict[Mode, dict[str, int]] = {

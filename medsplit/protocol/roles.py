@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +13,12 @@ from medsplit.errors import ProtocolError
 from medsplit.modes import Mode
 from medsplit.wire import Frame, FrameKind, FrameMeta, FrameSpec, TensorSpec
 
+# Names of the tensors a frame carries besides the crossing ones.
 LABELS = "labels"
 LOSS = "loss"
+LOGITS = "logits"
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, order=True)

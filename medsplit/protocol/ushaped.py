@@ -16,6 +16,7 @@ from medsplit.protocol.party import Party
 from medsplit.protocol.roles import (
     AppliedSteps,
     ClientRole,
+    LossFn,
     PendingStep,
     ServerRole,
     StepIds,
@@ -27,7 +28,6 @@ from medsplit.protocol.roles import (
     gradient_spec,
     gradients_of,
 )
-from medsplit.protocol.vanilla import LossFn
 from medsplit.wire import Frame, FrameKind, FrameSpec
 
 

@@ -6,8 +6,6 @@ Gupta & Raskar, "Distributed learning of deep neural network over multiple agent
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from medsplit.cutting import BoundaryTensor
@@ -19,6 +17,7 @@ from medsplit.protocol.roles import (
     LOSS,
     AppliedSteps,
     ClientRole,
+    LossFn,
     PendingStep,
     ServerRole,
     StepIds,
@@ -31,8 +30,6 @@ from medsplit.protocol.roles import (
     gradients_of,
 )
 from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class VanillaClient(ClientRole):

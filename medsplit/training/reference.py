@@ -11,7 +11,7 @@ from medsplit.cutting import SplitModel
 from medsplit.data import Split
 from medsplit.protocol.layouts import SERVER_SEGMENT
 from medsplit.protocol.party import Party
-from medsplit.protocol.vanilla import LossFn
+from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import job_batches
 

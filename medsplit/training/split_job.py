@@ -21,12 +21,11 @@ from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments, make_client, make_server
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import StepResult
-from medsplit.protocol.vanilla import LossFn
+from medsplit.protocol.roles import LossFn, StepResult
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import Evaluation, evaluate
 from medsplit.training.schedule import turn_batches
-from medsplit.turns.setup import client_parties
+from medsplit.training.setup import client_parties
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from medsplit.data import Split
-from medsplit.protocol.vanilla import LossFn
+from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
 from medsplit.training.reference import train_unsplit
 from medsplit.training.split_job import Hospital, SplitJob

@@ -28,13 +28,11 @@ from medsplit.modes import Mode
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import make_client
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import ClientRole, StepResult, boundary_spec
-from medsplit.protocol.vanilla import LossFn
+from medsplit.protocol.roles import LOGITS, ClientRole, LossFn, StepResult, boundary_spec
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import classification_metrics, eval_mode
 from medsplit.training.schedule import Batch, turn_batches, turn_length
 from medsplit.turns import control
-from medsplit.turns.server import LOGITS
 from medsplit.turns.snapshots import SnapshotStore
 from medsplit.wire import (
     DEFAULT_MAX_FRAME_BYTES,

@@ -39,8 +39,7 @@ from medsplit.errors import (
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import make_server
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import LOSS, ServerRole, boundary_spec
-from medsplit.protocol.vanilla import LossFn
+from medsplit.protocol.roles import LOGITS, LOSS, LossFn, ServerRole, boundary_spec
 from medsplit.training.evaluate import eval_mode
 from medsplit.turns import control
 from medsplit.turns.checkpoints import BASE, CheckpointStore
@@ -57,7 +56,6 @@ from medsplit.wire import (
 logger = logging.getLogger(__name__)
 
 SERVER_PARTY = "server"
-LOGITS = "logits"
 _TRAINING_KINDS = frozenset({FrameKind.ACTIVATIONS, FrameKind.HEAD_GRADIENTS})
 
 

@@ -221,8 +221,8 @@ def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> 
     import copy
 
     from medsplit.protocol.handoff import export_parties
+    from medsplit.training.setup import client_parties, server_party
     from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
-    from medsplit.turns.setup import client_parties, server_party
     from tests.medsplit.turn_harness import ScriptedHooks
 
     model, (data,), config = mlp(), shares(48, 1), config_for(Mode.VANILLA, rounds=1)
@@ -262,7 +262,7 @@ def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> 
 
 
 def test_a_traced_split_is_shared_but_every_party_trains_its_own_copy() -> None:
-    from medsplit.turns.setup import JobModel, cached_split, client_parties, server_party
+    from medsplit.training.setup import JobModel, cached_split, client_parties, server_party
 
     model = JobModel("small_cnn", 2, 1, 2, (1, 28, 28), seed=3)
     config = config_for(Mode.VANILLA, cuts=("pool1",))

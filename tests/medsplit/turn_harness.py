@@ -18,6 +18,7 @@ from medsplit.data import Split
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
+from medsplit.training.setup import client_parties, server_party
 from medsplit.turns import (
     ClientOutcome,
     ClientReport,
@@ -30,7 +31,6 @@ from medsplit.turns import (
     TurnProgress,
     TurnServer,
 )
-from medsplit.turns.setup import client_parties, server_party
 
 
 class SimulatedCrash(Exception):
