@@ -48,7 +48,10 @@ __all__ = [
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 CHROMIUM = os.environ.get("MEDSPLIT_CHROMIUM", "/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+#: Where the pages are saved. The tests write only to temporary places; `scripts/screenshots`
+#: points this at docs/screenshots/ to refresh the README's pictures.
+SCREENSHOTS_ENV = "MEDSPLIT_SCREENSHOTS_DIR"
+_screenshots: dict[str, Path] = {}
 VENDOR = Path(__file__).resolve().parents[2] / "frontend" / "vendor" / "chart.umd.min.js"
 
 
@@ -102,6 +105,16 @@ def sign_in(page, username: str, password: str = PASSWORD) -> None:
     page.wait_for_selector("#nav a")
 
 
-def screenshot(page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+@pytest.fixture(scope="session", autouse=True)
+def _screenshots_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    chosen = os.environ.get(SCREENSHOTS_ENV)
+    _screenshots["dir"] = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+
+
+def screenshot(page, name: str) -> Path:
+    """Save the whole page as ``name.png`` (see :data:`SCREENSHOTS_ENV`)."""
+    folder = _screenshots["dir"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
