@@ -10,13 +10,14 @@ import sys
 from collections.abc import Sequence
 
 from hospital_agent import __version__
-from hospital_agent.config import load_config
+from hospital_agent.config import AgentConfig, add_config_flags, config_flags, load_config
 from hospital_agent.data import DataProblem, check_data
 from hospital_agent.service import EXIT_CONFIG, Agent
 from medsplit.errors import ConfigError
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of ``medsplit-agent``: a command, its options and a flag per key."""
     p = argparse.ArgumentParser(
         prog="medsplit-agent",
         description="A hospital's MedSplit agent: takes its turns in split-learning jobs "
@@ -31,36 +32,27 @@ def parser() -> argparse.ArgumentParser:
         help="run (default): take part in jobs; check: validate the configuration "
         "and the data without contacting anyone",
     )
-    p.add_argument("--config", help="a TOML file (see hospital_agent/config.py)")
-    p.add_argument("--coordinator-url")
-    p.add_argument("--work-dir")
-    p.add_argument("--enrolment-code")
-    p.add_argument("--device", choices=["cpu", "cuda"])
-    p.add_argument("--ca-bundle")
-    p.add_argument("--data-kind", choices=["medmnist", "folder", "synthetic"])
-    p.add_argument("--data-path")
-    p.add_argument("--data-split")
-    p.add_argument("--data-labels-csv")
-    p.add_argument("--data-samples", type=int)
-    p.add_argument("--data-shape", help="synthetic images' shape, e.g. 1,28,28")
-    p.add_argument("--data-val-fraction", type=float)
-    p.add_argument("--log-level", default=os.environ.get("MEDSPLIT_AGENT_LOG_LEVEL", "INFO"))
-    return p  # fmt: skip
+    p.add_argument("--config", metavar="FILE", help="a TOML file; its keys are listed below")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("MEDSPLIT_AGENT_LOG_LEVEL", "INFO"),
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR (MEDSPLIT_AGENT_LOG_LEVEL; default INFO)",
+    )
+    # Every configuration key gets its flag from the one table in config.py.
+    add_config_flags(p)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``medsplit-agent`` with ``argv``; returns the exit code."""
     args = parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    flags = {
-        key: value
-        for key, value in vars(args).items()
-        if key not in ("command", "config", "log_level")
-    }
     try:
-        config = load_config(file=args.config, flags=flags, env=os.environ)
+        config = load_config(file=args.config, flags=config_flags(args), env=os.environ)
     except ConfigError as e:
         print(f"medsplit-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -69,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return Agent(config).run()
 
 
-def check(config) -> int:
+def check(config: AgentConfig) -> int:
     """Validate the configuration and the data, print the dataset summary."""
     try:
         summary = check_data(config.data, val_fraction=config.val_fraction, seed=config.split_seed)

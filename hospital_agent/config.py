@@ -14,45 +14,160 @@ Example ``agent.toml``::
     labels_csv = "labels.csv"         # folder: columns file,label
     val_fraction = 0.2
 
-Every key has an environment variable ``MEDSPLIT_AGENT_<KEY>`` (data keys
-``MEDSPLIT_AGENT_DATA_<KEY>``) and a flag ``--<key>`` (``--data-<key>``).
+:data:`KEYS` is the one list of keys. Each key ``name`` (``data.<name>`` for the
+``[data]`` table) is also the environment variable ``MEDSPLIT_AGENT_<NAME>``
+(``MEDSPLIT_AGENT_DATA_<NAME>``) and the flag ``--<name>`` (``--data-<name>``), with
+underscores as dashes. Flags win over the environment, which wins over the file. The
+README's table of keys is checked against :data:`KEYS` by the tests.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hospital_agent.data import DEFAULT_VAL_FRACTION, DataSource
+from hospital_agent.data.sources import KINDS
 from medsplit.errors import ConfigError
 
 ENV_PREFIX = "MEDSPLIT_AGENT_"
 DEVICES = ("cpu", "cuda")
-_TOP_KEYS = {
-    "coordinator_url": str,
-    "work_dir": str,
-    "enrolment_code": str,
-    "device": str,
-    "ca_bundle": str,
-    "heartbeat_seconds": float,
-    "poll_seconds": float,
-    "reply_timeout": float,
+DATA = "data"
+"""The one TOML table; its keys are named ``data.<key>``."""
+
+# What a value must be, in the words of the error messages.
+_KINDS_OF_VALUE: dict[type, str] = {
+    str: "text",
+    Path: "text",
+    int: "an integer",
+    float: "a number",
+    tuple: "like 1,28,28",
 }
-_DATA_KEYS = {
-    "kind": str,
-    "path": str,
-    "split": str,
-    "labels_csv": str,
-    "samples": int,
-    "num_classes": int,
-    "shape": str,
-    "seed": int,
-    "val_fraction": float,
-}
+_METAVARS: dict[type, str] = {str: "TEXT", Path: "PATH", int: "N", float: "X", tuple: "N,N,..."}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its name, what its value must be, and its default.
+
+    Attributes:
+        name: ``"reply_timeout"`` or, in the ``[data]`` table, ``"data.seed"``.
+        type: ``str``, ``Path``, ``int``, ``float`` or ``tuple`` (integers, written
+            ``1,28,28`` in the environment and flags, a list or that text in the file).
+        default: the value when no source sets it; ``None`` for "not set".
+        help: one line for ``--help`` and the README.
+        choices: the only values allowed, if any.
+        required: the agent cannot start without it (an empty value counts as unset).
+        check: a further test of the converted value; ``must`` says what it wants
+            ("be in [0, 1)") for the error message.
+        metavar: the placeholder in ``--help``; derived from the type when empty.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    required: bool = False
+    check: Callable[[Any], bool] | None = None
+    must: str = ""
+    metavar: str = ""
+
+    @property
+    def section(self) -> str:
+        """``"data"`` for the keys of the ``[data]`` table, ``""`` for top-level ones."""
+        return self.name.partition(".")[0] if "." in self.name else ""
+
+    @property
+    def field(self) -> str:
+        """The name inside its table: ``seed`` for ``data.seed``."""
+        return self.name.rpartition(".")[2]
+
+    @property
+    def dest(self) -> str:
+        """The key of ``load_config``'s ``flags`` mapping (and argparse's ``dest``)."""
+        return self.name.replace(".", "_")
+
+    @property
+    def env(self) -> str:
+        """Its environment variable."""
+        return ENV_PREFIX + self.dest.upper()
+
+    @property
+    def flag(self) -> str:
+        """Its command-line flag."""
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def default_text(self) -> str:
+        """The default as ``--help`` and the README show it: ``""`` when there is none."""
+        if self.required:
+            return "required"
+        return "" if self.default is None else _text(self.default)
+
+    def parse(self, value: Any, where: str) -> Any:
+        """Convert ``value`` (text from the environment or a flag, or a TOML value) and
+        check it.
+
+        Raises:
+            ConfigError: naming the key and ``where`` the value came from.
+        """
+        converted = _convert(self, value, where)
+        if self.choices and converted not in self.choices:
+            raise ConfigError(
+                f"{self.name} must be one of {', '.join(self.choices)}, got {value!r} ({where})"
+            )
+        if self.check is not None and not self.check(converted):
+            raise ConfigError(f"{self.name} must {self.must}, got {value!r} ({where})")
+        return converted
+
+
+KEYS: tuple[Key, ...] = (
+    Key("coordinator_url", str, None, "the coordinator's address",
+        required=True, check=lambda url: url.startswith(("https://", "http://")),
+        must="start with https:// (or http:// on a test bench)", metavar="URL"),
+    Key("work_dir", Path, None, "where the agent keeps its key, token and snapshots",
+        required=True),
+    Key("enrolment_code", str, None, "the one-time code to enrol with; first run only",
+        metavar="CODE"),
+    Key("device", str, "cpu", "where the agent's layers run", choices=DEVICES),
+    Key("ca_bundle", str, None,
+        "a CA bundle that checks the coordinator and a rediss:// relay", metavar="PATH"),
+    Key("heartbeat_seconds", float, 30.0, "seconds between heartbeats",
+        check=lambda s: s > 0, must="be > 0", metavar="SECONDS"),
+    Key("poll_seconds", float, 25.0, "how long one poll for assignments waits at the coordinator",
+        check=lambda s: s >= 0, must="be >= 0", metavar="SECONDS"),
+    Key("reply_timeout", float, 600.0, "how long a turn waits for the worker's reply",
+        check=lambda s: s > 0, must="be > 0", metavar="SECONDS"),
+    Key("data.kind", str, None, "where the images come from", choices=KINDS, required=True),
+    Key("data.path", str, None, "medmnist: the .npz archive; folder: the folder of images",
+        metavar="PATH"),
+    Key("data.split", str, "train", "medmnist: the archive's split that is the hospital's pool",
+        metavar="SPLIT"),
+    Key("data.labels_csv", str, None,
+        "folder: the CSV of labels (file,label), relative to the folder; labels.csv there "
+        "when unset", metavar="PATH"),
+    Key("data.samples", int, 0, "synthetic: how many images (needed, at least 1)"),
+    Key("data.num_classes", int, 2, "synthetic: how many classes"),
+    Key("data.shape", tuple, (1, 28, 28), "synthetic: the images' shape, C,H,W or C,D,H,W",
+        metavar="C,H,W"),
+    Key("data.seed", int, 0, "synthetic: the images' seed; every kind: the local split's seed"),
+    Key("data.val_fraction", float, DEFAULT_VAL_FRACTION,
+        "the share of the pool kept aside, locally, for validation",
+        check=lambda f: 0 <= f < 1, must="be in [0, 1)"),
+)  # fmt: skip
+_BY_NAME = {key.name: key for key in KEYS}
+_BY_DEST = {key.dest: key for key in KEYS}
+
+
+def _default(name: str) -> Any:
+    return _BY_NAME[name].default
 
 
 @dataclass(frozen=True)
@@ -62,121 +177,163 @@ class AgentConfig:
     coordinator_url: str
     work_dir: Path
     data: DataSource
-    val_fraction: float = DEFAULT_VAL_FRACTION
-    split_seed: int = 0
-    enrolment_code: str | None = None
-    device: str = "cpu"
-    ca_bundle: str | None = None
-    heartbeat_seconds: float = 30.0
-    poll_seconds: float = 25.0
-    reply_timeout: float = 600.0
+    val_fraction: float = _default("data.val_fraction")
+    split_seed: int = _default("data.seed")
+    enrolment_code: str | None = _default("enrolment_code")
+    device: str = _default("device")
+    ca_bundle: str | None = _default("ca_bundle")
+    heartbeat_seconds: float = _default("heartbeat_seconds")
+    poll_seconds: float = _default("poll_seconds")
+    reply_timeout: float = _default("reply_timeout")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add a flag for every key of :data:`KEYS` to ``parser``, in one group per table.
+
+    The flags keep their values as text (``None`` when not given): :func:`load_config`
+    converts them, so a bad flag is refused with the same message as a bad variable.
+    """
+    groups = {
+        "": parser.add_argument_group(
+            "coordinator", "the top-level keys of agent.toml: the coordinator and this agent"
+        ),
+        DATA: parser.add_argument_group(DATA, "the [data] table of agent.toml: the local images"),
+    }
+    for key in KEYS:
+        notes = [key.env]
+        if key.default_text:
+            notes.append(key.default_text if key.required else f"default {key.default_text}")
+        groups[key.section].add_argument(
+            key.flag,
+            dest=key.dest,
+            metavar=key.metavar or _metavar(key),
+            # argparse formats help with %; a literal one must be doubled.
+            help=f"{key.help} ({'; '.join(notes)})".replace("%", "%%"),
+        )
+
+
+def config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of :func:`add_config_flags`' flags in ``args``, as ``load_config`` takes them."""
+    return {key.dest: getattr(args, key.dest, None) for key in KEYS}
 
 
 def load_config(
     *, file: str | os.PathLike[str] | None, flags: Mapping[str, Any], env: Mapping[str, str]
 ) -> AgentConfig:
-    """Merge the TOML ``file``, ``env`` (``MEDSPLIT_AGENT_*``) and ``flags`` (non-None
-    values win), check every value, and return the configuration.
+    """Merge the TOML ``file``, ``env`` (``MEDSPLIT_AGENT_*``) and ``flags`` (keyed by
+    :attr:`Key.dest`, e.g. ``data_seed``; ``None`` values are not given), check every
+    value, and return the configuration.
 
     Raises:
         ConfigError: naming the key that is missing or wrong, and where it came from.
     """
-    top: dict[str, tuple[Any, str]] = {}
-    data: dict[str, tuple[Any, str]] = {}
+    raw: dict[str, tuple[Any, str]] = {}  # key name -> (value, where it came from)
+    unknown: list[str] = []
     if file is not None:
-        path = Path(file)
-        try:
-            parsed = tomllib.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(f"cannot read the configuration file {path}: {e}") from e
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path} is not valid TOML: {e}") from e
-        for key, value in parsed.items():
-            if key == "data" and isinstance(value, dict):
-                data.update({k: (v, f"{path} [data]") for k, v in value.items()})
+        for name, value, where in _read_file(Path(file)):
+            if name in _BY_NAME:
+                raw[name] = (value, where)
             else:
-                top[key] = (value, str(path))
-    for key in _TOP_KEYS:
-        if (value := env.get(ENV_PREFIX + key.upper())) is not None:
-            top[key] = (value, ENV_PREFIX + key.upper())
-    for key in _DATA_KEYS:
-        name = f"{ENV_PREFIX}DATA_{key.upper()}"
-        if (value := env.get(name)) is not None:
-            data[key] = (value, name)
-    for key, value in flags.items():
+                unknown.append(f"{name} ({where})")
+    for key in KEYS:
+        if (value := env.get(key.env)) is not None:
+            raw[key.name] = (value, key.env)
+    for dest, value in flags.items():
         if value is None:
             continue
-        flag = "--" + key.replace("_", "-")
-        if key.startswith("data_"):
-            data[key.removeprefix("data_")] = (value, flag)
+        if dest in _BY_DEST:
+            key = _BY_DEST[dest]
+            raw[key.name] = (value, key.flag)
         else:
-            top[key] = (value, flag)
-
-    unknown = sorted(set(top) - set(_TOP_KEYS)) + [
-        f"data.{k}" for k in sorted(set(data) - set(_DATA_KEYS))
-    ]
+            unknown.append(f"{dest} (--{dest.replace('_', '-')})")
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
-    values = {key: _typed(key, *top[key], _TOP_KEYS[key]) for key in top}
-    data_values = {key: _typed(f"data.{key}", *data[key], _DATA_KEYS[key]) for key in data}
 
-    for required in ("coordinator_url", "work_dir"):
-        if not values.get(required):
-            raise ConfigError(
-                f"{required} is not set: give it in the file, as "
-                f"{ENV_PREFIX}{required.upper()} or as --{required.replace('_', '-')}"
-            )
-    url = values["coordinator_url"].rstrip("/")
-    if not url.startswith(("https://", "http://")):
-        raise ConfigError(
-            f"coordinator_url must start with https:// (or http:// on a test bench), got {url!r}"
-        )
-    device = values.get("device", "cpu")
-    if device not in DEVICES:
-        raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    val_fraction = data_values.pop("val_fraction", DEFAULT_VAL_FRACTION)
-    if not 0 <= val_fraction < 1:
-        raise ConfigError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
-    split_seed = data_values.get("seed", 0)
-    if "shape" in data_values:
-        data_values["shape"] = _shape(data_values["shape"])
-    if "kind" not in data_values:
-        raise ConfigError(
-            "data.kind is not set: medmnist, folder or synthetic "
-            f"({ENV_PREFIX}DATA_KIND, --data-kind)"
-        )
-    source = DataSource(**data_values)
+    values: dict[str, Any] = {}
+    for key in KEYS:
+        value, where = raw.get(key.name, (None, ""))
+        if value is None or (value == "" and (key.required or key.default is None)):
+            # An empty text (``MEDSPLIT_AGENT_CA_BUNDLE=``) unsets an optional key.
+            if key.required:
+                raise ConfigError(_not_set(key))
+            values[key.name] = key.default
+        else:
+            values[key.name] = key.parse(value, where)
+
+    data = {k.field: values[k.name] for k in KEYS if k.section == DATA}
+    val_fraction = data.pop("val_fraction")
+    top = {k.field: values[k.name] for k in KEYS if not k.section}
     return AgentConfig(
-        coordinator_url=url,
-        work_dir=Path(values["work_dir"]).expanduser(),
-        data=source,
+        **{**top, "coordinator_url": top["coordinator_url"].rstrip("/")},
+        data=DataSource(**data),
         val_fraction=val_fraction,
-        split_seed=split_seed,
-        enrolment_code=values.get("enrolment_code") or None,
-        device=device,
-        ca_bundle=values.get("ca_bundle") or None,
-        heartbeat_seconds=values.get("heartbeat_seconds", 30.0),
-        poll_seconds=values.get("poll_seconds", 25.0),
-        reply_timeout=values.get("reply_timeout", 600.0),
+        split_seed=data["seed"],
     )
 
 
-def _typed(key: str, value: Any, where: str, kind: type) -> Any:
-    if kind is str:
+def _read_file(path: Path) -> list[tuple[str, Any, str]]:
+    """The file's ``(key name, value, where)``, ``[data]`` keys named ``data.<key>``."""
+    try:
+        parsed = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read the configuration file {path}: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from e
+    found: list[tuple[str, Any, str]] = []
+    for name, value in parsed.items():
+        if name == DATA and isinstance(value, dict):
+            found.extend((f"{DATA}.{k}", v, f"{path} [{DATA}]") for k, v in value.items())
+        else:
+            found.append((name, value, str(path)))
+    return found
+
+
+def _not_set(key: Key) -> str:
+    one_of = f" (one of {', '.join(key.choices)})" if key.choices else ""
+    return f"{key.name} is not set{one_of}: give it in the file, as {key.env} or as {key.flag}"
+
+
+def _convert(key: Key, value: Any, where: str) -> Any:
+    wrong = ConfigError(f"{key.name} must be {_KINDS_OF_VALUE[key.type]}, got {value!r} ({where})")
+    # bool is an int to Python, but `true` for a number is a mistake in the file.
+    if isinstance(value, bool):
+        raise wrong
+    if key.type in (str, Path):
         if not isinstance(value, str):
-            raise ConfigError(f"{key} must be text, got {value!r} ({where})")
-        return value
+            raise wrong
+        return Path(value).expanduser() if key.type is Path else value
+    if key.type is tuple:
+        parts = value.split(",") if isinstance(value, str) else value
+        if not isinstance(parts, list | tuple) or any(isinstance(p, bool | float) for p in parts):
+            raise wrong
+        try:
+            return tuple(int(p) for p in parts)
+        except (TypeError, ValueError):
+            raise wrong from None
+    if key.type is int:
+        # A float from the file would be truncated silently by int().
+        if isinstance(value, float):
+            raise wrong
+    elif not isinstance(value, str | int | float):
+        raise wrong
     try:
-        if isinstance(value, bool):
-            raise ValueError
-        return kind(value)
+        converted = key.type(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be a {kind.__name__}, got {value!r} ({where})") from None
+        raise wrong from None
+    if isinstance(converted, float) and math.isnan(converted):
+        raise wrong
+    return converted
 
 
-def _shape(value: str | list) -> tuple[int, ...]:
-    parts = value.split(",") if isinstance(value, str) else value
-    try:
-        return tuple(int(p) for p in parts)
-    except (TypeError, ValueError):
-        raise ConfigError(f"data.shape must be like 1,28,28, got {value!r}") from None
+def _text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _metavar(key: Key) -> str:
+    if key.choices:
+        return "{" + ",".join(key.choices) + "}"
+    return _METAVARS[key.type]

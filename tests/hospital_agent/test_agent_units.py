@@ -16,7 +16,6 @@ import pytest
 import redis
 
 from hospital_agent.cli import main
-from hospital_agent.config import load_config
 from hospital_agent.coordinator import Backoff, Coordinator, CoordinatorUnreachable
 from hospital_agent.identity import (
     Credentials,
@@ -29,47 +28,6 @@ from hospital_agent.snapshots import FileSnapshots
 from hospital_agent.turns import Assignment
 from medsplit.errors import ConfigError, SealError
 from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
-
-BASE = {"coordinator_url": "https://c.example", "work_dir": "/tmp/w", "data_kind": "synthetic"}
-
-
-def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> None:
-    file = tmp_path / "agent.toml"
-    file.write_text(
-        'coordinator_url = "https://from-file.example"\nwork_dir = "/srv/agent"\n'
-        'device = "cpu"\n[data]\nkind = "synthetic"\nsamples = 40\nval_fraction = 0.25\n'
-    )
-    env = {
-        "MEDSPLIT_AGENT_COORDINATOR_URL": "https://from-env.example",
-        "MEDSPLIT_AGENT_DATA_SAMPLES": "60",
-    }
-    config = load_config(file=file, flags={"work_dir": "/flag/dir", "device": None}, env=env)
-    assert config.coordinator_url == "https://from-env.example"
-    assert config.work_dir == Path("/flag/dir")
-    assert config.data.kind == "synthetic" and config.data.samples == 60
-    assert config.val_fraction == 0.25
-
-
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        ({**BASE, "coordinator_url": None}, "coordinator_url is not set"),
-        ({**BASE, "coordinator_url": "ftp://x"}, "must start with https://"),
-        ({**BASE, "device": "tpu"}, "device must be one of cpu, cuda"),
-        ({**BASE, "data_kind": None}, "data.kind is not set"),
-        ({**BASE, "data_samples": "many"}, "data.samples must be a int"),
-    ],
-)
-def test_configuration_errors_name_the_key(flags: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        load_config(file=None, flags=flags, env={})
-
-
-def test_unknown_keys_in_the_file_are_refused(tmp_path: Path) -> None:
-    file = tmp_path / "agent.toml"
-    file.write_text('coordinator_url = "https://x"\nwork_dir = "/w"\ncoordinater = "typo"\n')
-    with pytest.raises(ConfigError, match="unknown configuration keys: coordinater"):
-        load_config(file=file, flags={}, env={})
 
 
 def test_check_validates_offline_and_prints_the_summary(tmp_path: Path, capsys) -> None:
