@@ -8,7 +8,9 @@ One :class:`TurnTaker` per agent. For each assignment whose turn is running it:
    state when it took the last turn itself, else the blob the last hospital sealed for
    it on the relay (checked against the coordinator's record, then opened);
 3. trains with :class:`medsplit.turns.TurnClient` over its streams, with snapshots on
-   disk, so a restarted agent continues where it was;
+   disk, so a restarted agent continues where it was; a frame of the server that fails
+   a check (non-finite or ill-shaped gradients, say) is applied to nothing and reported
+   to the coordinator, which fails the turn attempt with that reason;
 4. seals its new state for every other participant and records each blob's hash.
 
 When a job has ended it fetches the final weights sealed for it (or keeps its own) and
@@ -30,20 +32,22 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from tqdm import tqdm
 
 from hospital_agent.config import AgentConfig
-from hospital_agent.coordinator import Coordinator
+from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
 from hospital_agent.data import DataProblem, LocalData, load_local, prepare
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
-from medsplit.channel import StreamPair
+from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.errors import ChannelError
 from medsplit.modes import Mode
+from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.roles import StepResult
 from medsplit.protocol.sealing import SealContext
 from medsplit.training.config import TrainingConfig
+from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
@@ -68,6 +72,11 @@ class Assignment:
     @property
     def job_name(self) -> str:
         return f"job-{self.job}"
+
+    @property
+    def relay_keys(self) -> RelayKeys:
+        """The deployment's relay key layout, as the coordinator names it."""
+        return RelayKeys(self.raw.get("relay_prefix") or RelayKeys().prefix)
 
     def config(self) -> TrainingConfig:
         r = self.raw
@@ -102,6 +111,22 @@ class Assignment:
         mine = [i for i, p in enumerate(participants) if p["hospital"] == me]
         start = mine[0] + 1 if mine else 0
         return [p for p in participants[start:] + participants[:start] if p["hospital"] != me]
+
+
+def report_refusal(
+    coordinator: Coordinator, *, job: int, turn_id: int, refusal: FrameRejected
+) -> None:
+    """The server sent a frame that failed a check, and nothing of it was applied: have
+    the coordinator fail the turn attempt with that reason (else the worker would wait
+    for this hospital until its silence timeout, and the reason would be lost)."""
+    logger.error("job %s: turn given up: %s", job, refusal)
+    try:
+        coordinator.report_problem(job=job, turn=turn_id, reason=str(refusal))
+    except CoordinatorError as e:
+        if isinstance(e, TokenRefused):
+            raise
+        # The turn may have ended meanwhile (the worker's own checks, a cancel).
+        logger.warning("job %s: the refusal could not be reported: %s", job, e)
 
 
 class TurnTaker:
@@ -158,7 +183,7 @@ class TurnTaker:
         client = TurnClient(
             ids=ids,
             channel=self.relay.channel(),
-            streams=StreamPair.for_hospital(config.job, self.me),
+            streams=assignment.relay_keys.streams(config.job, self.me),
             split=split,
             parties=lambda: client_parties(split, config),
             start=start,
@@ -170,6 +195,9 @@ class TurnTaker:
             on_step=on_step,
             stop=self.stopping,
             device=self.config.device,
+            limits=turn_limits(
+                config, num_classes=model.num_classes, train=len(data.train), val=len(data.val)
+            ),
         )
         bar.total = client.train_steps
         self.on_status("busy")
@@ -182,6 +210,9 @@ class TurnTaker:
         )
         try:
             outcome = self._run(client)
+        except FrameRejected as e:
+            report_refusal(self.coordinator, job=job, turn_id=turn["id"], refusal=e)
+            return ClientOutcome.STOPPED
         finally:
             bar.close()
             client.channel.close()
@@ -266,7 +297,8 @@ class TurnTaker:
                 return None
             source = match[0]["handoff_from"]
         return self.relay.take_handoff(
-            job=assignment.job,
+            keys=assignment.relay_keys,
+            job=assignment.job_name,
             key=self.key,
             sender=source["hospital"],
             sender_public_key=source["public_key"],
@@ -292,7 +324,8 @@ class TurnTaker:
                 recipient=other["hospital"],
             )
             digest, size = self.relay.put_handoff(
-                job=assignment.job,
+                keys=assignment.relay_keys,
+                job=assignment.job_name,
                 state=state,
                 key=self.key,
                 recipient=other["hospital"],

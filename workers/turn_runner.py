@@ -14,13 +14,26 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from hospitals.models import Hospital
+from hospitals.relay_acl import relay_keys
+from hospitals.relay_services import relay_user_suspend
+from kernel.actors import Actor
 from kernel.errors import Conflict
-from medsplit.channel import StreamPair
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import MedSplitError
+from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties
+from medsplit.training.config import TrainingConfig
+from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, server_party
-from medsplit.turns import Directive, TurnFailed, TurnIds, TurnProgress, TurnServer
+from medsplit.turns import (
+    Directive,
+    RelayOverused,
+    TurnFailed,
+    TurnIds,
+    TurnProgress,
+    TurnServer,
+)
 from medsplit.turns.checkpoints import BASE, CheckpointStore, read_verified, write_atomic
 from medsplit.turns.server import SERVER_PARTY
 from training.models import Job, Turn
@@ -36,6 +49,9 @@ from training.runs import (
 )
 from training.services import turn_fail, turn_record_progress
 from workers.metrics import TurnMeter
+from workers.relay_guard import RelayGuard
+from workers.relay_watch import guard as relay_guard
+from workers.relay_watch import limits_of_job
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +76,25 @@ def job_model(job: Job) -> JobModel:
     )
 
 
+def reported_limits(job: Job, config: TrainingConfig, hospital: Hospital) -> FrameLimits:
+    """What the hospital's frames may hold this turn: the job's batch and classes, and the
+    steps its reported split sizes give (``dataset_summary["split_sizes"]``).
+
+    Raises:
+        TurnFailed: the hospital reported no usable split sizes.
+    """
+    sizes = (hospital.dataset_summary or {}).get("split_sizes")
+    counts = [sizes.get(part) if isinstance(sizes, dict) else None for part in ("train", "val")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        raise TurnFailed(
+            f"hospital {hospital.slug} has reported no split sizes (its dataset summary holds "
+            f"{sizes!r} for split_sizes), so its frames cannot be checked against its data; "
+            "start its agent so that it reports them with a heartbeat"
+        )
+    train, val = counts
+    return turn_limits(config, num_classes=job.num_classes, train=train, val=val)
+
+
 def run(turn_id: int, *, runner: str) -> RunResult:
     """Claim turn ``turn_id`` and serve it until it completes, pauses, stops or fails."""
     options = settings.MEDSPLIT
@@ -80,8 +115,21 @@ def run(turn_id: int, *, runner: str) -> RunResult:
     # The server updates this object in place; the meter reads the bytes off it.
     progress = TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down)
     meter = TurnMeter(progress)
-    hooks = RunnerHooks(turn=turn, runner=runner, lease_seconds=lease, meter=meter)
-    channel = RedisChannel(options["WORKER_REDIS_URL"])
+    # Read what the hospital sends with the job's bounds: an oversized frame is refused
+    # from its first chunk, a flooded stream at the next read (workers/relay_guard.py).
+    bounds = limits_of_job(job)
+    channel = RedisChannel(
+        options["WORKER_REDIS_URL"],
+        max_message_bytes=bounds.frame_bytes,
+        max_backlog_bytes=bounds.stream_bytes,
+    )
+    hooks = RunnerHooks(
+        turn=turn,
+        runner=runner,
+        lease_seconds=lease,
+        meter=meter,
+        guard=relay_guard(),
+    )
     logger.info(
         "turn %s (job %s, round %s, %s): served by %s",
         turn.pk,
@@ -92,15 +140,17 @@ def run(turn_id: int, *, runner: str) -> RunResult:
     )
     with meter:
         try:
+            limits = reported_limits(job, config, turn.hospital)
             server = TurnServer(
                 ids=ids,
                 channel=channel,
-                streams=StreamPair.for_hospital(config.job, turn.hospital.slug),
+                streams=relay_keys().streams(config.job, turn.hospital.slug),
                 split=split,
                 party=server_party(split, config),
                 store=store,
                 hooks=hooks,
-                batch_size=config.batch_size,
+                limits=limits,
+                hospital=turn.hospital.slug,
                 checkpoint_every=options["CHECKPOINT_EVERY"],
                 silence_timeout=options["TURN_SILENCE_SECONDS"],
                 initial=progress,
@@ -115,6 +165,8 @@ def run(turn_id: int, *, runner: str) -> RunResult:
         finally:
             turn_release(turn_id=turn.pk, runner=runner)
             channel.close()
+            if hooks.guard is not None:
+                hooks.guard.client.close()
         meter.outcome = result.outcome
     return result
 
@@ -128,6 +180,9 @@ def _failed(turn: Turn, runner: str, lease: float, error: Exception) -> RunResul
         return RunResult("stopped", turn.job_id)
     reason = f"{type(error).__name__}: {error}"
     logger.warning("turn %s failed: %s", turn.pk, reason)
+    if isinstance(error, RelayOverused):
+        # Before the turn fails, so that its retry cannot find the relay still full.
+        relay_user_suspend(actor=Actor.system(), hospital=turn.hospital, reason=str(error))
     turn_fail(turn=turn, reason=reason)
     return RunResult("failed", turn.job_id, advance=True)
 
@@ -138,17 +193,27 @@ class RunnerHooks:
     ``MEDSPLIT["METRICS_MIN_INTERVAL_SECONDS"]`` (and at the end)."""
 
     def __init__(
-        self, *, turn: Turn, runner: str, lease_seconds: float, meter: TurnMeter | None = None
+        self,
+        *,
+        turn: Turn,
+        runner: str,
+        lease_seconds: float,
+        meter: TurnMeter | None = None,
+        guard: RelayGuard | None = None,
     ) -> None:
         self.turn = turn
         self.runner = runner
         self.lease_seconds = lease_seconds
         self.meter = meter
+        self.guard = guard
         self.interval = settings.MEDSPLIT["METRICS_MIN_INTERVAL_SECONDS"]
+        self.guard_interval = settings.MEDSPLIT["RELAY_GUARD_SECONDS"]
         self._renewed = time.monotonic()
         self._reported = float("-inf")
+        self._guarded = time.monotonic()
 
     def directive(self) -> Directive:
+        self._guard_relay()
         renew = time.monotonic() - self._renewed >= self.lease_seconds / 3
         answer = turn_directive(
             turn_id=self.turn.pk, runner=self.runner, lease_seconds=self.lease_seconds, renew=renew
@@ -156,6 +221,16 @@ class RunnerHooks:
         if renew:
             self._renewed = time.monotonic()
         return answer
+
+    def _guard_relay(self) -> None:
+        """Now and then, measure what the hospital stores on the relay against its jobs'
+        bounds (a flood of blobs "for" others, say, which its streams never show)."""
+        if self.guard is None or time.monotonic() - self._guarded < self.guard_interval:
+            return
+        self._guarded = time.monotonic()
+        overuse = self.guard.check(self.turn.hospital.slug)
+        if overuse is not None:
+            raise RelayOverused(overuse.reason())
 
     def progress(self, progress: TurnProgress) -> None:
         if self.meter is not None:  # once per step served: this worker's own metrics

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from medsplit.cutting import SplitModel
 from medsplit.errors import ConfigError
 from medsplit.modes import Mode
+from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
 from medsplit.protocol.ushaped import UShapedClient, UShapedServer
@@ -58,11 +59,17 @@ def make_server(
     job: str,
     codec: str = "none",
     loss_fn: LossFn | None = None,
+    limits: FrameLimits | None = None,
 ) -> ServerRole:
-    """The server's role for ``mode`` over its party."""
+    """The server's role for ``mode`` over its party; ``limits`` bound what frames hold."""
     if mode == Mode.VANILLA:
         return VanillaServer(
-            back=party, boundary=split.boundaries[0], job=job, loss_fn=loss_fn, codec=codec
+            back=party,
+            boundary=split.boundaries[0],
+            job=job,
+            loss_fn=loss_fn,
+            codec=codec,
+            limits=limits,
         )
     if mode == Mode.USHAPED:
         return UShapedServer(
@@ -70,5 +77,6 @@ def make_server(
             boundaries=(split.boundaries[0], split.boundaries[1]),
             job=job,
             codec=codec,
+            limits=limits,
         )
     raise ConfigError(f"mode {mode!r} has no server role yet")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,8 @@ import torch
 from medsplit.cutting import BoundaryTensor
 from medsplit.errors import ProtocolError
 from medsplit.modes import Mode
+from medsplit.protocol.checks import FrameRejected
+from medsplit.protocol.party import Party
 from medsplit.wire import Frame, FrameKind, FrameMeta, FrameSpec, TensorSpec
 
 # Names of the tensors a frame carries besides the crossing ones.
@@ -133,14 +136,35 @@ def backward_into(outputs: Mapping[str, torch.Tensor], grads: Mapping[str, torch
         torch.autograd.backward([outputs[n] for n in names], [grads[n] for n in names])
 
 
-def check_batch(frame: Frame, expected: int) -> None:
-    """Every tensor except scalars must carry the same batch size."""
-    for name, t in frame.tensors.items():
-        if t.dim() > 0 and t.shape[0] != expected:
-            raise ProtocolError(
-                f"{frame.meta.kind} frame for step {frame.meta.step}: tensor {name!r} has "
-                f"batch size {t.shape[0]}, expected {expected}"
-            )
+class Rollback:
+    """Buffers (batch-norm statistics) of some parties as they were before a step's
+    forward, to put back, with no gradients left behind, if the step is refused.
+
+    Checks of a frame come before any forward, but a check of what was computed from it
+    (its loss overflowed, say) comes after one, which has updated running statistics.
+    """
+
+    def __init__(self, *parties: Party) -> None:
+        self.parties = parties
+        self._saved = [(b, b.detach().clone()) for p in parties for b in p.module.buffers()]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for buffer, saved in self._saved:
+                buffer.copy_(saved)
+        for party in self.parties:
+            party.optimizer.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def refused_undone(rollback: Rollback | None) -> Iterator[None]:
+    """Put ``rollback``'s parties back as they were if a check refuses the step."""
+    try:
+        yield
+    except FrameRejected:
+        if rollback is not None:
+            rollback.restore()
+        raise
 
 
 class AppliedSteps:

@@ -12,21 +12,32 @@ import torch
 from medsplit.cutting import BoundaryTensor
 from medsplit.errors import ProtocolError
 from medsplit.modes import Mode
+from medsplit.protocol.checks import (
+    FrameLimits,
+    batch_of,
+    check_batch,
+    check_computed,
+    check_finite,
+    check_training_batch,
+    check_training_step,
+    conforms,
+)
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import (
     AppliedSteps,
     ClientRole,
     LossFn,
     PendingStep,
+    Rollback,
     ServerRole,
     StepIds,
     StepResult,
     as_leaves,
     backward_into,
     boundary_spec,
-    check_batch,
     gradient_spec,
     gradients_of,
+    refused_undone,
 )
 from medsplit.wire import Frame, FrameKind, FrameSpec
 
@@ -62,9 +73,11 @@ class UShapedClient(ClientRole):
         self._outputs: dict[str, torch.Tensor] = {}
         self._labels: torch.Tensor | None = None
         self._loss: float | None = None
+        self._rollback: Rollback | None = None
 
     def start(self, ids: StepIds, x: torch.Tensor, y: torch.Tensor) -> Frame:
         self._pending.begin(ids, who="client")
+        self._rollback = Rollback(self.front, self.head)
         self._outputs = self.front.module(x)
         self._labels = y
         self._loss = None
@@ -79,22 +92,35 @@ class UShapedClient(ClientRole):
     def _run_head(self, frame: Frame) -> Frame:
         ids = self._pending.check(frame, FrameKind.HEAD_ACTIVATIONS, who="client")
         assert self._labels is not None
-        check_batch(frame, self._labels.shape[0])
-        inputs = as_leaves(frame.tensors)
-        loss = self.loss_fn(self.head.module(**inputs), self._labels)
-        loss.backward()
-        self.head.step()
+        with refused_undone(self._rollback):
+            conforms(frame, self.expect())
+            check_batch(frame, self._labels.shape[0])
+            check_finite(frame)
+            inputs = as_leaves(frame.tensors)
+            loss = self.loss_fn(self.head.module(**inputs), self._labels)
+            loss.backward()
+            grads = gradients_of(inputs)
+            computed = {f"gradient for {n!r}": g for n, g in grads.items()}
+            check_computed(
+                frame, {"loss": loss.detach(), **computed}, self.head.module.parameters()
+            )
+        # The head steps with the front, once the server's gradients passed their checks
+        # too: a refused step then leaves both as they were (nothing reads the head's
+        # weights in between, so the numbers are the same).
         self._loss = float(loss.detach())
-        return Frame(
-            ids.meta(FrameKind.HEAD_GRADIENTS, self.mode, self.codec), gradients_of(inputs)
-        )
+        return Frame(ids.meta(FrameKind.HEAD_GRADIENTS, self.mode, self.codec), grads)
 
     def _finish(self, frame: Frame) -> StepResult:
         ids = self._pending.check(frame, FrameKind.GRADIENTS, who="client")
         assert self._labels is not None and self._loss is not None
         samples = self._labels.shape[0]
-        check_batch(frame, samples)
-        backward_into(self._outputs, frame.tensors)
+        with refused_undone(self._rollback):
+            conforms(frame, self.expect())
+            check_batch(frame, samples)
+            check_finite(frame)
+            backward_into(self._outputs, frame.tensors)
+            check_computed(frame, {}, self.front.module.parameters())
+        self.head.step()
         self.front.step()
         result = StepResult(ids, loss=self._loss, samples=samples)
         self._outputs, self._labels, self._loss = {}, None, None
@@ -118,6 +144,8 @@ class UShapedServer(ServerRole):
         boundaries: crossing tensors at the first and the second cut.
         job: the job this server serves; frames of other jobs are refused.
         codec: wire codec for what this server sends.
+        limits: what the job allows a frame to hold (batch, steps); without them only
+            the frame's form, its batch and its finiteness are checked.
     """
 
     mode = Mode.USHAPED
@@ -129,15 +157,18 @@ class UShapedServer(ServerRole):
         boundaries: tuple[tuple[BoundaryTensor, ...], tuple[BoundaryTensor, ...]],
         job: str,
         codec: str = "none",
+        limits: FrameLimits | None = None,
     ):
         self.middle = middle
         self.boundaries = boundaries
         self.codec = codec
+        self.limits = limits
         self.applied = AppliedSteps(job)
         self._pending = PendingStep()
         self._inputs: dict[str, torch.Tensor] = {}
         self._outputs: dict[str, torch.Tensor] = {}
         self._samples = 0
+        self._rollback: Rollback | None = None
 
     def handle(self, frame: Frame) -> Frame:
         again = self.applied.answer_again(frame, who="server")
@@ -151,24 +182,42 @@ class UShapedServer(ServerRole):
 
     def _forward(self, frame: Frame) -> Frame:
         ids = StepIds.of(frame)
+        if self._pending.ids is not None:
+            raise ProtocolError(
+                f"server cannot start step {ids.position}: "
+                f"step {self._pending.ids.position} is still in flight"
+            )
+        # Every check before the forward: a refused frame changes nothing here.
+        check_training_step(frame, self.limits)
+        conforms(frame, self.expect())
+        samples = batch_of(frame)
+        check_training_batch(frame, samples, self.limits)
+        check_finite(frame)
+        rollback = Rollback(self.middle)
+        with refused_undone(rollback):
+            inputs = as_leaves(frame.tensors)
+            outputs = self.middle.module(**inputs)
+            tensors = {name: t.detach() for name, t in outputs.items()}
+            check_computed(frame, {f"output {n!r}": t for n, t in tensors.items()})
         self._pending.begin(ids, who="server")
-        first = next(iter(frame.tensors.values()))
-        self._samples = first.shape[0]
-        check_batch(frame, self._samples)
-        self._inputs = as_leaves(frame.tensors)
-        self._outputs = self.middle.module(**self._inputs)
-        tensors = {name: t.detach() for name, t in self._outputs.items()}
+        self._samples, self._rollback = samples, rollback
+        self._inputs, self._outputs = inputs, outputs
         reply = Frame(ids.meta(FrameKind.HEAD_ACTIVATIONS, self.mode, self.codec), tensors)
         self.applied.record(frame, reply)
         return reply
 
     def _backward(self, frame: Frame) -> Frame:
         ids = self._pending.check(frame, FrameKind.HEAD_GRADIENTS, who="server")
-        check_batch(frame, self._samples)
-        backward_into(self._outputs, frame.tensors)
-        grads = gradients_of(self._inputs)
+        with refused_undone(self._rollback):
+            conforms(frame, self.expect())
+            check_batch(frame, self._samples)
+            check_finite(frame)
+            backward_into(self._outputs, frame.tensors)
+            grads = gradients_of(self._inputs)
+            computed = {f"gradient for {n!r}": g for n, g in grads.items()}
+            check_computed(frame, computed, self.middle.module.parameters())
         self.middle.step()
-        self._inputs, self._outputs = {}, {}
+        self._inputs, self._outputs, self._rollback = {}, {}, None
         self._pending.end()
         reply = Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
         self.applied.record(frame, reply)

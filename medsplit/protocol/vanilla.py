@@ -11,6 +11,17 @@ import torch
 from medsplit.cutting import BoundaryTensor
 from medsplit.errors import ProtocolError
 from medsplit.modes import Mode
+from medsplit.protocol.checks import (
+    FrameLimits,
+    batch_of,
+    check_batch,
+    check_computed,
+    check_finite,
+    check_labels,
+    check_training_batch,
+    check_training_step,
+    conforms,
+)
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import (
     LABELS,
@@ -19,15 +30,16 @@ from medsplit.protocol.roles import (
     ClientRole,
     LossFn,
     PendingStep,
+    Rollback,
     ServerRole,
     StepIds,
     StepResult,
     as_leaves,
     backward_into,
     boundary_spec,
-    check_batch,
     gradient_spec,
     gradients_of,
+    refused_undone,
 )
 from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
 
@@ -50,9 +62,11 @@ class VanillaClient(ClientRole):
         self._pending = PendingStep()
         self._outputs: dict[str, torch.Tensor] = {}
         self._samples = 0
+        self._rollback: Rollback | None = None
 
     def start(self, ids: StepIds, x: torch.Tensor, y: torch.Tensor) -> Frame:
         self._pending.begin(ids, who="client")
+        self._rollback = Rollback(self.front)
         self._outputs = self.front.module(x)
         self._samples = x.shape[0]
         tensors = {name: t.detach() for name, t in self._outputs.items()}
@@ -61,8 +75,12 @@ class VanillaClient(ClientRole):
 
     def receive(self, frame: Frame) -> StepResult:
         ids = self._pending.check(frame, FrameKind.GRADIENTS, who="client")
-        check_batch(frame, self._samples)
-        backward_into(self._outputs, frame.tensors)
+        with refused_undone(self._rollback):
+            conforms(frame, self.expect())
+            check_batch(frame, self._samples)
+            check_finite(frame)
+            backward_into(self._outputs, frame.tensors)
+            check_computed(frame, {}, self.front.module.parameters())
         self.front.step()
         self._outputs = {}
         self._pending.end()
@@ -85,6 +103,8 @@ class VanillaServer(ServerRole):
         job: the job this server serves; frames of other jobs are refused.
         loss_fn: loss on (logits, labels); cross-entropy by default.
         codec: wire codec for what this server sends.
+        limits: what the job allows a frame to hold (batch, classes, steps); without
+            them only the frame's form, its batch and its finiteness are checked.
     """
 
     mode = Mode.VANILLA
@@ -97,11 +117,13 @@ class VanillaServer(ServerRole):
         job: str,
         loss_fn: LossFn | None = None,
         codec: str = "none",
+        limits: FrameLimits | None = None,
     ):
         self.back = back
         self.boundary = boundary
         self.loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
         self.codec = codec
+        self.limits = limits
         self.applied = AppliedSteps(job)
 
     def handle(self, frame: Frame) -> Frame:
@@ -111,12 +133,22 @@ class VanillaServer(ServerRole):
         if again is not None:
             return again
         ids = StepIds.of(frame)
+        # Every check before the forward: a refused frame changes nothing here.
+        check_training_step(frame, self.limits)
+        conforms(frame, self.expect())
+        check_training_batch(frame, batch_of(frame), self.limits)
+        check_finite(frame)
         labels = frame.tensors[LABELS]
-        check_batch(frame, labels.shape[0])
-        inputs = as_leaves({t.name: frame.tensors[t.name] for t in self.boundary})
-        loss = self.loss_fn(self.back.module(**inputs), labels)
-        loss.backward()
-        grads = gradients_of(inputs)
+        check_labels(frame, labels, self.limits)
+        with refused_undone(Rollback(self.back)):
+            inputs = as_leaves({t.name: frame.tensors[t.name] for t in self.boundary})
+            loss = self.loss_fn(self.back.module(**inputs), labels)
+            loss.backward()
+            grads = gradients_of(inputs)
+            computed = {f"gradient for {n!r}": g for n, g in grads.items()}
+            check_computed(
+                frame, {"loss": loss.detach(), **computed}, self.back.module.parameters()
+            )
         self.back.step()
         grads[LOSS] = loss.detach().float()
         reply = Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from medsplit.data import Split, iter_batches
+from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.roles import StepIds
 from medsplit.training.config import TrainingConfig
 
@@ -54,6 +55,21 @@ def turn_length(config: TrainingConfig, samples: int) -> int:
         per_epoch += 1
     steps = per_epoch * config.local_epochs
     return steps if config.max_steps_per_turn is None else min(steps, config.max_steps_per_turn)
+
+
+def turn_limits(
+    config: TrainingConfig, *, num_classes: int | None, train: int, val: int
+) -> FrameLimits:
+    """What one hospital's turn may send, from the job and the hospital's split sizes:
+    ``T = turn_length(config, train)`` training steps, then ``ceil(val / batch_size)``
+    validation batches."""
+    return FrameLimits(
+        batch_size=config.batch_size,
+        exact_batch=config.drop_last,
+        num_classes=num_classes,
+        train_steps=turn_length(config, train),
+        val_samples=val,
+    )
 
 
 def job_batches(config: TrainingConfig, splits: Sequence[Split]) -> Iterator[Batch]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from medsplit.channel import Channel, InMemoryChannel, StreamPair
+from medsplit.channel import Channel, InMemoryChannel, RelayKeys
 from medsplit.cutting import SplitModel, split_model
 from medsplit.cutting.split import SEGMENT_NAMES
 from medsplit.data import Split
@@ -21,10 +21,10 @@ from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments, make_client, make_server
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import LossFn, StepResult
+from medsplit.protocol.roles import LossFn, ServerRole, StepResult
 from medsplit.training.config import TrainingConfig
-from medsplit.training.evaluate import Evaluation, evaluate
-from medsplit.training.schedule import turn_batches
+from medsplit.training.evaluate import Evaluation, eval_mode, evaluate
+from medsplit.training.schedule import turn_batches, turn_limits
 from medsplit.training.setup import client_parties
 
 
@@ -73,6 +73,8 @@ class SplitJob:
         config: the training settings; ``config.cuts`` says where to cut.
         channel: the channel frames travel on (a fresh in-memory one by default).
         loss_fn: loss on (logits, labels); cross-entropy by default.
+        num_classes: the classes labels must fall in (by default the width of the
+            model's output on ``example_input``).
     """
 
     def __init__(
@@ -83,25 +85,40 @@ class SplitJob:
         *,
         channel: Channel | None = None,
         loss_fn: LossFn | None = None,
+        num_classes: int | None = None,
     ):
         self.config = config
         self.split: SplitModel = split_model(model, example_input, config.cuts)
         _check_every_segment_trains(self.split)
         self.channel = channel or InMemoryChannel()
         self.loss_fn = loss_fn
+        self.num_classes = (
+            num_classes if num_classes is not None else _output_classes(self.split, example_input)
+        )
         self.server_party = Party.create(
             self.split.segments[SERVER_SEGMENT], config.server_optimizer
         )
-        self.server = make_server(
-            config.mode,
-            self.server_party,
-            self.split,
-            job=config.job,
-            codec=config.codec,
-            loss_fn=loss_fn,
-        )
+        self.server = self._server_role(None)
         # The first hospital starts from the model's own initial weights.
         self.client_state: bytes = export_parties(self._fresh_client_parties())
+
+    def _server_role(self, hospital: Hospital | None) -> ServerRole:
+        """The server's role for one hospital's turn, held to what that turn may send."""
+        limits = None
+        if hospital is not None:
+            val = len(hospital.val) if hospital.val is not None else 0
+            limits = turn_limits(
+                self.config, num_classes=self.num_classes, train=len(hospital.train), val=val
+            )
+        return make_server(
+            self.config.mode,
+            self.server_party,
+            self.split,
+            job=self.config.job,
+            codec=self.config.codec,
+            loss_fn=self.loss_fn,
+            limits=limits,
+        )
 
     def _fresh_client_parties(self) -> dict[str, Party]:
         # Each turn gets its own copy of the client segments, so the only way weights
@@ -122,7 +139,8 @@ class SplitJob:
         client = make_client(
             self.config.mode, parties, self.split, codec=self.config.codec, loss_fn=self.loss_fn
         )
-        link = LocalLink(self.channel, StreamPair.for_hospital(self.config.job, hospital.name))
+        link = LocalLink(self.channel, RelayKeys().streams(self.config.job, hospital.name))
+        self.server = self._server_role(hospital)
         results = []
         for batch in turn_batches(self.config, hospital.train, round_=round_, hospital=index):
             result = link.run_step(client, self.server, batch.ids, batch.x, batch.y)
@@ -183,3 +201,11 @@ def _check_every_segment_trains(split: SplitModel) -> None:
                 "party would have nothing to train; choose a cut with layers on every side "
                 "(see `medsplit cuts MODEL`)"
             )
+
+
+def _output_classes(split: SplitModel, example: torch.Tensor) -> int | None:
+    """The model's output width (its classes), from one forward in eval mode, which
+    changes nothing (no gradients, no batch statistics)."""
+    with eval_mode(list(split.segments)), torch.no_grad():
+        out = split.forward(example)
+    return int(out.shape[1]) if isinstance(out, torch.Tensor) and out.dim() >= 2 else None

@@ -9,7 +9,9 @@ from medsplit.turns.client import ClientOutcome, ClientReport, ServerSilent, Tur
 from medsplit.turns.control import TurnIds
 from medsplit.turns.server import (
     Directive,
+    FrameRefused,
     HospitalSilent,
+    RelayOverused,
     ServerOutcome,
     TurnFailed,
     TurnHooks,
@@ -23,9 +25,11 @@ __all__ = [
     "ClientOutcome",
     "ClientReport",
     "Directive",
+    "FrameRefused",
     "HospitalSilent",
     "MemoryCheckpointStore",
     "MemorySnapshots",
+    "RelayOverused",
     "ServerOutcome",
     "ServerSilent",
     "SnapshotStore",

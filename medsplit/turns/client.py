@@ -23,15 +23,17 @@ import torch
 from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel
 from medsplit.data import Split
-from medsplit.errors import ChannelTimeout, FrameError, MedSplitError, ProtocolError
+from medsplit.errors import ChannelTimeout, ConfigError, FrameError, MedSplitError, ProtocolError
 from medsplit.modes import Mode
+from medsplit.protocol import checks
+from medsplit.protocol.checks import FrameLimits, FrameRejected
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import make_client
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LOGITS, ClientRole, LossFn, StepResult, boundary_spec
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import classification_metrics, eval_mode
-from medsplit.training.schedule import Batch, turn_batches, turn_length
+from medsplit.training.schedule import Batch, turn_batches, turn_limits
 from medsplit.turns import control
 from medsplit.turns.snapshots import SnapshotStore
 from medsplit.wire import (
@@ -40,12 +42,14 @@ from medsplit.wire import (
     FrameKind,
     FrameSpec,
     TensorSpec,
-    check_frame,
     decode_frame,
     encode_frame,
 )
 
 logger = logging.getLogger(__name__)
+
+#: Who sends what this side receives, as refusals name it.
+SERVER = "the server"
 
 StepCallback = Callable[[StepResult], None]
 _STOP_POLL_SECONDS = 1.0
@@ -101,6 +105,9 @@ class TurnClient:
             back to (:attr:`ClientOutcome.INTERRUPTED`): a clean shutdown.
         device: where the hospital's segments run (``cpu`` or ``cuda``); frames cross
             as CPU tensors either way.
+        limits: what the server's frames must fit: ``turn_limits`` over this hospital's
+            own data and the job's classes (:mod:`medsplit.training.schedule`); by default
+            the same without the classes, so validation logits of any width pass.
     """
 
     def __init__(
@@ -122,6 +129,7 @@ class TurnClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         stop: threading.Event | None = None,
         device: str = "cpu",
+        limits: FrameLimits | None = None,
     ) -> None:
         self.ids = ids
         self.channel = channel
@@ -140,8 +148,17 @@ class TurnClient:
         self.device = torch.device(device)
         if 0 not in snapshots.steps():
             snapshots.save(0, start)
-        self.train_steps = turn_length(config, len(train))
-        self.eval_steps = _batches_in(len(val) if val is not None else 0, config.batch_size)
+        own = turn_limits(
+            config,
+            num_classes=limits.num_classes if limits is not None else None,
+            train=len(train),
+            val=len(val) if val is not None else 0,
+        )
+        if limits is not None and limits != own:
+            raise ConfigError(f"the turn's limits {limits} are not those of this data: {own}")
+        self.limits = own
+        self.train_steps = own.train_steps or 0
+        self.eval_steps = own.eval_steps or 0
         self.parties: dict[str, Party] = {}
         self.role: ClientRole | None = None
         self.position = 0
@@ -170,12 +187,18 @@ class TurnClient:
         Raises:
             ServerSilent: nothing came from the server within ``reply_timeout``.
             ChannelError: the relay failed.
+            FrameRejected: a frame of the server failed a check (its form, batch, finite
+                values); nothing of it was applied, and the snapshots are as they were.
             ProtocolError: the server sent frames that break the protocol.
         """
         report = ClientReport(ClientOutcome.STOPPED)
         began = time.monotonic()
         try:
             return self._run(report)
+        except FrameRejected as e:
+            refused = e.sent_by(SERVER)
+            logger.error("turn %s of round %s: %s", self.ids.position, self.ids.round, refused)
+            raise refused from e
         finally:
             report.total_seconds = time.monotonic() - began
 
@@ -191,14 +214,21 @@ class TurnClient:
                 return self._interrupted(report)
             kind = frame.meta.kind
             if kind == FrameKind.SYNC:
-                _check(frame, control.SYNC_SPEC)
+                checks.conforms(frame, control.SYNC_SPEC)
                 answered, running = control.nonce_of(frame), False
                 self._send(control.rejoin(self.ids, answered, self.snapshots.steps()), report)
                 continue
             if kind == FrameKind.RESUME:
-                _check(frame, control.RESUME_SPEC)
+                checks.conforms(frame, control.RESUME_SPEC)
                 if control.nonce_of(frame) != answered:
                     continue  # an answer to an earlier handshake
+                if frame.meta.step not in self.snapshots.steps():
+                    raise FrameRejected.of(
+                        frame,
+                        checks.HANDSHAKE,
+                        f"resumes at step {frame.meta.step}, but this hospital offered "
+                        f"snapshots before steps {self.snapshots.steps()} only",
+                    )
                 self.checkpoint_every = max(1, int(frame.tensors[control.EVERY]))
                 self._restore(frame.meta.step)
                 report.resumed_at.append(frame.meta.step)
@@ -209,6 +239,7 @@ class TurnClient:
             if not running:
                 continue  # left over from before the handshake
             if kind in (FrameKind.DONE, FrameKind.STOPPED, FrameKind.PAUSED):
+                checks.conforms(frame, control.SIGNAL_SPEC)
                 return self._ended(kind, frame.meta.step, report)
             if frame.meta.step != self.position:
                 logger.info("dropped a %s frame for step %d", kind, frame.meta.step)
@@ -288,7 +319,7 @@ class TurnClient:
             return self._next_frame()
         if not self._in_step:
             raise ProtocolError(f"a {frame.meta.kind} frame came with no step in flight")
-        _check(frame, self.role.expect())
+        # The role checks the frame (form, batch, finite values) before applying it.
         result = self.role.receive(self._on_device(frame))
         if isinstance(result, Frame):
             return result
@@ -309,20 +340,27 @@ class TurnClient:
         return Frame(frame.meta, {k: t.to(self.device) for k, t in frame.tensors.items()})
 
     def _logits(self, frame: Frame) -> torch.Tensor:
+        """The validation batch's logits from an ``eval_outputs`` frame, checked."""
+        samples = self.limits.eval_batch(self.position - self.train_steps) or 0
         if self.ids.mode == Mode.VANILLA:
             spec = FrameSpec(
                 kind=FrameKind.EVAL_OUTPUTS,
                 tensors={LOGITS: TensorSpec((None, None), _float(frame))},
             )
-            _check(frame, spec)
+            checks.conforms(frame, spec)
+            checks.check_logits(frame, frame.tensors[LOGITS], samples, self.limits)
             return frame.tensors[LOGITS]
         spec = FrameSpec(
             kind=FrameKind.EVAL_OUTPUTS, tensors=boundary_spec(self.split.boundaries[1])
         )
-        _check(frame, spec)
+        checks.conforms(frame, spec)
+        checks.check_batch(frame, samples)
+        checks.check_finite(frame)
         head = self.parties["head"].module
         with eval_mode([head]), torch.no_grad():
-            return head(**dict(self._on_device(frame).tensors)).cpu()
+            logits = head(**dict(self._on_device(frame).tensors)).cpu()
+        checks.check_computed(frame, {"logits": logits})
+        return logits
 
     def _val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.val is not None
@@ -369,7 +407,7 @@ class TurnClient:
             try:
                 frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
             except FrameError as e:
-                raise ProtocolError(f"the server sent bytes that are not a frame: {e}") from e
+                raise FrameRejected(checks.WELL_FORMED, f"bytes that are not a frame: {e}") from e
             if self.ids.owns(frame):
                 return frame
             logger.info("dropped a frame of another turn (%s)", frame.meta)
@@ -381,17 +419,6 @@ class TurnClient:
         report.bytes_up += len(payload)
 
 
-def _check(frame: Frame, spec: FrameSpec) -> None:
-    try:
-        check_frame(frame, spec)
-    except FrameError as e:
-        raise ProtocolError(f"the server's {frame.meta.kind} frame is not valid: {e}") from e
-
-
 def _float(frame: Frame) -> torch.dtype:
     logits = frame.tensors.get(LOGITS)
     return logits.dtype if logits is not None and logits.dtype.is_floating_point else torch.float32
-
-
-def _batches_in(samples: int, batch_size: int) -> int:
-    return -(-samples // batch_size)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from medsplit.errors import ProtocolError
 from medsplit.modes import Mode
+from medsplit.protocol.checks import HANDSHAKE, METRICS, FrameRejected, conforms
 from medsplit.protocol.roles import StepIds
 from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
 
@@ -71,7 +71,19 @@ def new_nonce() -> int:
 
 
 def nonce_of(frame: Frame) -> int:
+    """The nonce of a ``sync``, ``rejoin`` or ``resume`` frame already checked against its
+    spec (:func:`checked_nonce` checks a ``rejoin`` first)."""
     return int(frame.tensors[NONCE])
+
+
+def checked_nonce(frame: Frame) -> int:
+    """The nonce of a ``rejoin`` frame, once it holds exactly a scalar nonce and snapshots.
+
+    Raises:
+        FrameRejected: the frame does not match :data:`REJOIN_SPEC` (``shape``).
+    """
+    conforms(frame, REJOIN_SPEC)
+    return nonce_of(frame)
 
 
 def sync(ids: TurnIds, nonce: int) -> Frame:
@@ -123,30 +135,38 @@ SIGNAL_SPEC = FrameSpec(tensors={})
 
 
 def snapshot_steps(frame: Frame) -> list[int]:
-    """The steps a ``rejoin`` frame offers, checked."""
+    """The steps a ``rejoin`` frame offers, checked (``handshake``)."""
     steps = frame.tensors[SNAPSHOTS].tolist()
     if len(steps) > MAX_SNAPSHOTS or any(s < 0 for s in steps):
-        raise ProtocolError(
-            f"rejoin frame offers {len(steps)} snapshot steps {steps[:4]}...; "
-            f"expected at most {MAX_SNAPSHOTS} steps >= 0"
+        raise FrameRejected.of(
+            frame,
+            HANDSHAKE,
+            f"offers {len(steps)} snapshot steps {steps[:4]}...; "
+            f"expected at most {MAX_SNAPSHOTS} steps >= 0",
         )
     return steps
 
 
 def metric_values(frame: Frame) -> dict[str, float]:
-    """The metrics of a ``metrics`` frame, checked: a few named finite scalars."""
+    """The metrics of a ``metrics`` frame, checked: a few named finite scalars.
+
+    Raises:
+        FrameRejected: too many values, a bad name, a non-scalar or a non-finite value
+            (``metrics``); :func:`medsplit.protocol.checks.check_metrics` then checks
+            that the values can be true.
+    """
     if len(frame.tensors) > MAX_METRICS:
-        raise ProtocolError(
-            f"metrics frame holds {len(frame.tensors)} values, at most {MAX_METRICS}"
+        raise FrameRejected.of(
+            frame, METRICS, f"holds {len(frame.tensors)} values, at most {MAX_METRICS}"
         )
     values: dict[str, float] = {}
     for name, t in frame.tensors.items():
         if not _METRIC_NAME.fullmatch(name) or t.dim() != 0 or not t.dtype.is_floating_point:
-            raise ProtocolError(
-                f"metrics frame: {name!r} must be a lower-case name with a floating scalar"
+            raise FrameRejected.of(
+                frame, METRICS, f"{name!r} must be a lower-case name with a floating scalar"
             )
         value = float(t)
         if value != value or value in (float("inf"), float("-inf")):
-            raise ProtocolError(f"metrics frame: {name!r} is not finite ({value})")
+            raise FrameRejected.of(frame, METRICS, f"{name!r} is not finite ({value})")
         values[name] = value
     return values

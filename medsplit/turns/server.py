@@ -32,10 +32,14 @@ from medsplit.cutting import SplitModel
 from medsplit.errors import (
     ChannelError,
     ChannelTimeout,
+    CodecError,
     FrameError,
     MedSplitError,
     ProtocolError,
+    RelayAbuse,
 )
+from medsplit.protocol import checks
+from medsplit.protocol.checks import FrameLimits, FrameRejected
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.layouts import make_server
 from medsplit.protocol.party import Party
@@ -48,7 +52,6 @@ from medsplit.wire import (
     Frame,
     FrameKind,
     FrameSpec,
-    check_frame,
     decode_frame,
     encode_frame,
 )
@@ -79,6 +82,27 @@ class TurnFailed(MedSplitError):
 
 class HospitalSilent(TurnFailed):
     """The hospital sent nothing for longer than the silence timeout."""
+
+
+class FrameRefused(TurnFailed):
+    """A hospital's frame failed a check (:mod:`medsplit.protocol.checks`): its turn
+    attempt fails, and nothing of the frame was applied.
+
+    Attributes:
+        rejection: the refusal, naming the hospital, the frame and the check.
+        check: the check's short name (``"finite"``, ``"labels in range"``, ...).
+    """
+
+    def __init__(self, rejection: FrameRejected) -> None:
+        super().__init__(str(rejection))
+        self.rejection = rejection
+        self.check = rejection.check
+
+
+class RelayOverused(TurnFailed):
+    """The hospital put more on the relay than its job allows (an oversized frame, a
+    flooded stream, keys beyond their bounds): its turn attempt fails, and the caller
+    suspends its relay user (``workers/turn_runner.py``)."""
 
 
 @dataclass
@@ -134,7 +158,11 @@ class TurnServer:
         party: the server segment with its optimizer (state is loaded from ``store``).
         store: this turn's checkpoints.
         hooks: the coordinator's side.
-        batch_size: samples per training step (jobs drop a last short batch).
+        batch_size: samples per training step, when no ``limits`` are given.
+        limits: what this turn's frames may hold: ``turn_limits`` from the job and the
+            hospital's reported split sizes (:mod:`medsplit.training.schedule`); every
+            frame is checked against them before anything in it is applied.
+        hospital: the hospital's name, for the reasons a turn fails with.
         checkpoint_every: steps between checkpoints (told to the hospital on resume).
         silence_timeout: seconds without a frame from the hospital before the turn fails.
         poll_interval: longest wait between two looks at the directive.
@@ -153,7 +181,9 @@ class TurnServer:
         party: Party,
         store: CheckpointStore,
         hooks: TurnHooks,
-        batch_size: int,
+        batch_size: int | None = None,
+        limits: FrameLimits | None = None,
+        hospital: str | None = None,
         checkpoint_every: int = 50,
         silence_timeout: float = 120.0,
         poll_interval: float = 1.0,
@@ -164,6 +194,12 @@ class TurnServer:
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        if limits is None:
+            if batch_size is None:
+                raise ValueError("give the turn's limits (or at least its batch_size)")
+            limits = FrameLimits(batch_size=batch_size)
+        elif batch_size is not None and batch_size != limits.batch_size:
+            raise ValueError(f"batch_size {batch_size} differs from the limits' {limits}")
         self.ids = ids
         self.channel = channel
         self.streams = streams
@@ -171,7 +207,10 @@ class TurnServer:
         self.party = party
         self.store = store
         self.hooks = hooks
-        self.batch_size = batch_size
+        self.limits = limits
+        self.batch_size = limits.batch_size
+        #: Who sends this turn's frames, as the reasons a turn fails with name it.
+        self.sender = f"hospital {hospital}" if hospital else "the hospital"
         self.checkpoint_every = checkpoint_every
         self.silence_timeout = silence_timeout
         self.poll_interval = poll_interval
@@ -184,6 +223,7 @@ class TurnServer:
         self.training_done = False
         self.nonce = 0
         self._mid_step = False
+        self._answered = False  # the role holds the answer to step next_step - 1
         self._step_samples = 0
         self.role: ServerRole = self._new_role()
 
@@ -194,8 +234,10 @@ class TurnServer:
 
         Raises:
             HospitalSilent: nothing came from the hospital within ``silence_timeout``.
+            FrameRefused: a frame of the hospital failed a check (nothing of it was
+                applied); the hospital is told the turn is over (``stopped``).
             TurnFailed: the hospital sent frames that break the protocol, or no common
-                point to resume from exists.
+                point to resume from exists; the hospital is told as above.
             ChannelError: the relay failed.
             CheckpointError: a checkpoint could not be read.
         """
@@ -213,11 +255,27 @@ class TurnServer:
                     return outcome
         except _Interrupted as stop:
             return self._interrupted(stop.directive)
+        except TurnFailed:
+            self._say_stopped()
+            raise
+
+    def _say_stopped(self) -> None:
+        """Tell the hospital its turn attempt is over, so it need not wait for its reply
+        timeout; the relay failing here changes nothing (the failure is the news)."""
+        try:
+            self._send(control.signal(self.ids, FrameKind.STOPPED, self.next_step))
+        except (ChannelError, CodecError) as e:
+            logger.warning("%s: could not tell the hospital the turn failed: %s", self._where(), e)
+
+    def _refused(self, rejection: FrameRejected) -> FrameRefused:
+        refused = FrameRefused(rejection.sent_by(self.sender))
+        logger.warning("%s: %s", self._where(), refused)
+        return refused
 
     def _dispatch(self, frame: Frame) -> ServerOutcome | None:
         kind, step = frame.meta.kind, frame.meta.step
         if kind == FrameKind.REJOIN:
-            if control.nonce_of(frame) == control.HELLO:
+            if self._rejoin_nonce(frame) == control.HELLO:
                 logger.info("%s: the hospital came back; starting a new handshake", self._where())
                 # The weights hold every step before next_step (a step's update comes with
                 # its last exchange): keep them, so a hospital that stopped cleanly there
@@ -230,7 +288,7 @@ class TurnServer:
         if kind in _TRAINING_KINDS and not self.training_done:
             if step == self.next_step:
                 self._train(frame)
-            elif step == self.next_step - 1:
+            elif step == self.next_step - 1 and self._answered:
                 self._answer_again(frame)
             else:
                 self._drop(frame, f"step {step} is not the expected step {self.next_step}")
@@ -239,16 +297,17 @@ class TurnServer:
             self._drop(frame, f"step {step} is not the expected step {self.next_step}")
             return None
         if kind == FrameKind.EVAL_ACTIVATIONS:
-            self._end_training()
             self._send(self._evaluate(frame))
             self.next_step += 1
             return None
         if kind == FrameKind.METRICS:
-            self._end_training()
             try:
+                checks.check_metrics_step(frame, self.limits)
                 metrics = control.metric_values(frame)
-            except ProtocolError as e:
-                raise TurnFailed(f"hospital's metrics are not valid: {e}") from e
+                checks.check_metrics(frame, metrics, self.limits)
+            except FrameRejected as e:
+                raise self._refused(e) from e
+            self._end_training()
             self.hooks.finish(metrics, self.progress)
             self._send(control.signal(self.ids, FrameKind.DONE, step))
             logger.info("%s: turn completed at step %d", self._where(), step)
@@ -263,24 +322,24 @@ class TurnServer:
         self._send(control.sync(self.ids, self.nonce))
         while True:
             frame = self._next_frame(at_boundary=True)
-            if frame.meta.kind == FrameKind.REJOIN and control.nonce_of(frame) == control.HELLO:
+            nonce = self._rejoin_nonce(frame) if frame.meta.kind == FrameKind.REJOIN else None
+            if nonce == control.HELLO:
                 # A hospital (re)starting, which may have missed the sync: ask again.
                 self.nonce = control.new_nonce()
                 self._send(control.sync(self.ids, self.nonce))
                 continue
-            if frame.meta.kind != FrameKind.REJOIN or control.nonce_of(frame) != self.nonce:
+            if nonce is None or nonce != self.nonce:
                 self._drop(frame, "waiting for the hospital to answer the handshake")
                 continue
             try:
-                check_frame(frame, control.REJOIN_SPEC)
                 offered = control.snapshot_steps(frame)
-            except (FrameError, ProtocolError) as e:
-                raise TurnFailed(f"hospital's rejoin frame is not valid: {e}") from e
+            except FrameRejected as e:
+                raise self._refused(e) from e
             held = set(self.store.steps())
             common = [s for s in offered if s - 1 in held]
             if not common:
                 raise TurnFailed(
-                    f"no common point to resume from: the hospital holds snapshots before "
+                    f"no common point to resume from: {self.sender} holds snapshots before "
                     f"steps {sorted(offered)}, the server checkpoints after steps {sorted(held)}"
                 )
             start = max(common)
@@ -288,6 +347,13 @@ class TurnServer:
             self._send(control.resume(self.ids, self.nonce, start, self.checkpoint_every))
             logger.info("%s: resuming at step %d", self._where(), start)
             return
+
+    def _rejoin_nonce(self, frame: Frame) -> int:
+        """A ``rejoin``'s nonce, read only once the frame holds what a rejoin holds."""
+        try:
+            return control.checked_nonce(frame)
+        except FrameRejected as e:
+            raise self._refused(e) from e
 
     def _restore(self, start: int) -> None:
         data = self.store.load(start - 1)
@@ -297,6 +363,9 @@ class TurnServer:
         self.saved_through = start - 1
         self.training_done = False
         self._mid_step = False
+        # A fresh role holds no answer to re-send: a frame of step start - 1 now would
+        # be computed and applied again, so it is dropped instead.
+        self._answered = False
         self.progress.steps = start
         self.progress.samples = start * self.batch_size
 
@@ -308,6 +377,7 @@ class TurnServer:
             job=self.ids.job,
             codec=self.ids.codec,
             loss_fn=self.loss_fn,
+            limits=self.limits,
         )
 
     # -- steps --------------------------------------------------------------------------
@@ -319,13 +389,17 @@ class TurnServer:
         if frame.meta.kind == FrameKind.ACTIVATIONS:
             self._step_samples = _batch_of(frame)
         try:
-            check_frame(frame, self.role.expect())
+            # The role checks the frame against its spec and the limits before it applies
+            # anything (medsplit.protocol.checks).
             reply = self.role.handle(frame)
+        except FrameRejected as e:
+            raise self._refused(e) from e
         except (FrameError, ProtocolError) as e:
             raise TurnFailed(
-                f"hospital's frame for step {frame.meta.step} is not valid: {e}"
+                f"{self.sender}'s frame for step {frame.meta.step} is not valid: {e}"
             ) from e
         self._send(reply)
+        self._answered = True
         if reply.meta.kind != FrameKind.GRADIENTS:  # U-shaped: the step's first exchange
             self._mid_step = True
             return
@@ -349,17 +423,27 @@ class TurnServer:
         self._send(reply)
 
     def _evaluate(self, frame: Frame) -> Frame:
+        """Checks a validation batch, ends training (the first one), runs the segment on
+        it in eval mode, learning nothing, and checks what came out."""
         spec = FrameSpec(
             kind=FrameKind.EVAL_ACTIVATIONS, tensors=boundary_spec(self.split.boundaries[0])
         )
         try:
-            check_frame(frame, spec)
-        except FrameError as e:
-            raise TurnFailed(f"hospital's validation frame is not valid: {e}") from e
+            index = checks.check_eval_step(frame, self.limits)
+            checks.conforms(frame, spec)
+            checks.check_eval_batch(frame, checks.batch_of(frame), self.limits, index)
+            checks.check_finite(frame)
+        except FrameRejected as e:
+            raise self._refused(e) from e
+        self._end_training()
         module = self.party.module
         with eval_mode([module]), torch.no_grad():
             out = module(**dict(frame.tensors))
-        tensors = out if isinstance(out, Mapping) else {LOGITS: out}
+        tensors = dict(out) if isinstance(out, Mapping) else {LOGITS: out}
+        try:
+            checks.check_computed(frame, {f"output {n!r}": t for n, t in tensors.items()})
+        except FrameRejected as e:
+            raise self._refused(e) from e
         return self.ids.frame(FrameKind.EVAL_OUTPUTS, frame.meta.step, tensors)
 
     def _end_training(self) -> None:
@@ -399,7 +483,7 @@ class TurnServer:
             waited = time.monotonic() - silent_since
             if waited >= self.silence_timeout:
                 raise HospitalSilent(
-                    f"the hospital sent nothing for {waited:.1f} s "
+                    f"{self.sender} sent nothing for {waited:.1f} s "
                     f"(silence timeout {self.silence_timeout:g} s){relay_error}"
                 )
             wait = min(self.poll_interval, self.silence_timeout - waited)
@@ -407,6 +491,9 @@ class TurnServer:
                 payload = self.channel.receive(self.streams.up, timeout=max(wait, 0.01))
             except ChannelTimeout:
                 continue
+            except RelayAbuse as e:
+                # The hospital's doing, not the relay's: no waiting for a hello here.
+                raise RelayOverused(f"{self.sender} put too much on the relay: {e}") from e
             except ChannelError as e:
                 # Redis away, or frames lost on the stream: the hospital's next hello (or
                 # the silence timeout) decides; the loss itself is logged, never ignored.
@@ -418,7 +505,8 @@ class TurnServer:
             try:
                 frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
             except FrameError as e:
-                raise TurnFailed(f"hospital sent bytes that are not a frame: {e}") from e
+                rejection = FrameRejected(checks.WELL_FORMED, f"bytes that are not a frame: {e}")
+                raise self._refused(rejection) from e
             if self.ids.owns(frame):
                 self.progress.saw("up", frame)
                 return frame

@@ -17,7 +17,7 @@ from hospitals import services as hospital_services
 from kernel.actors import Actor
 from medsplit.training.verify import deterministic
 from tests.frontend.conftest import screenshot, sign_in
-from tests.workers.hospitals import Hospitals, local_data
+from tests.workers.hospitals import Hospitals, local_data, report_sizes
 from tests.workers.processes import Processes, processes, wait_until
 from training import services
 from training.models import Job
@@ -107,13 +107,17 @@ def test_the_job_page_follows_a_running_job(
     processes.celery_worker("worker")
     processes.celery_beat()
     job = make_job(seed=uuid.uuid4().int % 1000, rounds=2, max_steps_per_turn=40, batch_size=8)
+    train, val = local_data(job, 8 * 40), local_data(job, 16)
+    # The hospitals report their split sizes before the job starts: the worker checks
+    # their frames against them (tests/security/test_hostile_frames.py).
+    report_sizes(job, train, val)
     job = services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
     page = open_page()
     sign_in(page, consortium_admin.username)
     page.goto(f"/#/jobs/{job.pk}")
     steps = page.get_by_test_id("job-steps")
     with deterministic():
-        hospitals = Hospitals(job, redis_url, local_data(job, 8 * 40), local_data(job, 16)).start()
+        hospitals = Hospitals(job, redis_url, train, val).start()
         seen = set()
 
         def moving() -> bool:

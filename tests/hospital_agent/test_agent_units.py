@@ -28,6 +28,7 @@ from hospital_agent.snapshots import FileSnapshots
 from hospital_agent.turns import Assignment
 from medsplit.errors import ConfigError, SealError
 from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
+from tests.redis_server import session_keys
 
 
 def test_check_validates_offline_and_prints_the_summary(tmp_path: Path, capsys) -> None:
@@ -89,8 +90,9 @@ def relays(redis_url: str):
 
     yield relay
     client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match="medsplit-handoff:*job:test-*"):
-        client.delete(key)
+    for slug in made:
+        for key in client.scan_iter(match=session_keys().outbox_pattern(slug)):
+            client.delete(key)
     client.close()
 
 
@@ -99,30 +101,31 @@ def test_a_hand_off_opens_only_for_its_recipient_and_its_place(relays) -> None:
     job = f"test-{uuid.uuid4().hex[:6]}"
     a, b = relays("a"), relays("b")
     context = SealContext(job=job, round=1, sender="a", recipient="b")
+    keys = session_keys()
     digest, size = a.put_handoff(
-        job=job, state=b"weights", key=a_key, recipient="b",
+        keys=keys, job=job, state=b"weights", key=a_key, recipient="b",
         recipient_public_key=public_key_b64(b_key), context=context,
     )  # fmt: skip
     stop = threading.Event()
     taken = b.take_handoff(
-        job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+        keys=keys, job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
         context=context, expected_sha256=digest, wait=1, stopping=stop,
     )  # fmt: skip
     assert taken == b"weights" and size > len(b"weights")
     replayed = SealContext(job=job, round=2, sender="a", recipient="b")
     with pytest.raises(SealError, match="round"):
         b.take_handoff(
-            job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+            keys=keys, job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
             context=replayed, expected_sha256=digest, wait=0, stopping=stop,
         )  # fmt: skip
     with pytest.raises(HandoffMissing, match="not the one the coordinator recorded"):
         b.take_handoff(
-            job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+            keys=keys, job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
             context=context, expected_sha256="0" * 64, wait=0, stopping=stop,
         )  # fmt: skip
     with pytest.raises(HandoffMissing, match="not on the relay"):
         a.take_handoff(
-            job=job, key=a_key, sender="b", sender_public_key=public_key_b64(b_key),
+            keys=keys, job=job, key=a_key, sender="b", sender_public_key=public_key_b64(b_key),
             context=context, expected_sha256=None, wait=0, stopping=stop,
         )  # fmt: skip
 
@@ -179,3 +182,33 @@ def test_a_throttled_call_waits_as_long_as_the_coordinator_asks_then_goes_throug
         assert caplog.text.count("asks this agent to slow down (429)") == 2
     finally:
         server.shutdown()
+
+
+def test_a_refused_server_frame_is_reported_and_a_revoked_token_still_stops_the_agent() -> None:
+    from hospital_agent.coordinator import CoordinatorRefused, TokenRefused
+    from hospital_agent.turns import report_refusal
+    from medsplit.protocol.checks import FrameRejected
+
+    refusal = FrameRejected("finite", "tensor 'pool1' holds NaN", kind="gradients", step=2)
+    refusal = refusal.sent_by("the server")
+
+    class Coordinator:
+        def __init__(self, error: Exception | None = None) -> None:
+            self.error, self.reasons = error, []
+
+        def report_problem(self, *, job: int, turn: int, reason: str) -> dict:
+            self.reasons.append((job, turn, reason))
+            if self.error is not None:
+                raise self.error
+            return {}
+
+    ok = Coordinator()
+    report_refusal(ok, job=4, turn_id=9, refusal=refusal)  # type: ignore[arg-type]
+    reason = "the server's gradients frame for step 2 failed the 'finite' check: tensor 'pool1'"
+    assert ok.reasons == [(4, 9, f"{reason} holds NaN")]
+    # The turn ended meanwhile: nothing more to do. A revoked token: the agent stops.
+    ended = Coordinator(CoordinatorRefused(409, "conflict", "not running"))
+    report_refusal(ended, job=4, turn_id=9, refusal=refusal)  # type: ignore[arg-type]
+    revoked = Coordinator(TokenRefused(401, "unauthorized", "revoked"))
+    with pytest.raises(TokenRefused):
+        report_refusal(revoked, job=4, turn_id=9, refusal=refusal)  # type: ignore[arg-type]

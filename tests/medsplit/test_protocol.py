@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from medsplit.channel import InMemoryChannel, StreamPair
+from medsplit.channel import InMemoryChannel
 from medsplit.cutting import split_model
 from medsplit.errors import FrameError, ProtocolError
 from medsplit.models import build_model
@@ -19,6 +19,7 @@ from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LABELS, StepIds
 from medsplit.wire import Frame, FrameKind, decode_frame, encode_frame
+from tests.redis_server import session_keys
 
 SGD = OptimizerConfig(name="sgd", lr=0.1)
 JOB = "job-1"
@@ -65,7 +66,7 @@ def test_only_cut_tensors_cross_and_labels_stay_home_in_ushaped(mode: Mode) -> N
     """Invariant 2: no raw input leaves; in U-shaped mode no label either."""
     client, server, _ = pair(mode)
     channel = RecordingChannel()
-    link = LocalLink(channel, StreamPair.for_hospital(JOB, "h1"))
+    link = LocalLink(channel, session_keys().streams(JOB, "h1"))
     x, y = batch()
     link.run_step(client, server, StepIds(JOB, 0, 0, 0), x, y)
 
@@ -194,7 +195,7 @@ def test_labels_of_another_batch_size_are_refused() -> None:
     tensors = dict(frame.tensors)
     tensors[LABELS] = torch.zeros(3, dtype=torch.int64)
     before = weights(server.back.module)
-    with pytest.raises(ProtocolError, match="batch size 4, expected 3"):
+    with pytest.raises(ProtocolError, match=r"'batch size' check: tensors disagree"):
         server.handle(Frame(frame.meta, tensors))
     assert unchanged(server.back.module, before)
 
@@ -222,7 +223,7 @@ def run_one_step(model: nn.Module, cut: str, config: OptimizerConfig = SGD) -> t
     client = make_client(Mode.VANILLA, {"front": front}, split)
     server = make_server(Mode.VANILLA, Party.create(split.back, config), split, job=JOB)
     channel = RecordingChannel()
-    link = LocalLink(channel, StreamPair.for_hospital(JOB, "h"))
+    link = LocalLink(channel, session_keys().streams(JOB, "h"))
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
     link.run_step(client, server, StepIds(JOB, 0, 0, 0), x, y)
     down = [decode_frame(p) for s, p in channel.log if s.endswith(":down")]

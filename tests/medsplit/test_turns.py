@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from medsplit.channel import InMemoryChannel, StreamPair
+from medsplit.channel import InMemoryChannel
 from medsplit.cutting import split_model
 from medsplit.data import Split, synthetic_split
 from medsplit.errors import ProtocolError
@@ -30,6 +30,7 @@ from medsplit.turns import (
 )
 from medsplit.wire import FrameKind, encode_frame
 from tests.medsplit.turn_harness import ScriptedHooks, run_over_relay
+from tests.redis_server import session_keys
 
 ADAM = OptimizerConfig(name="adam", lr=1e-3)
 SGD = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9)
@@ -154,7 +155,7 @@ def lone_server(channel: InMemoryChannel, **kwargs) -> TurnServer:
     return TurnServer(
         ids=TurnIds(config.job, 0, 0, Mode.VANILLA),
         channel=channel,
-        streams=StreamPair.for_hospital(config.job, "h0"),
+        streams=session_keys().streams(config.job, "h0"),
         split=split,
         party=party,
         store=MemoryCheckpointStore(export_parties({"server": party})),
@@ -174,10 +175,14 @@ def test_a_hospital_that_never_shows_up_fails_the_turn_with_the_reason() -> None
 def test_garbage_from_a_hospital_fails_the_turn_naming_what_was_wrong() -> None:
     channel = InMemoryChannel()
     server = lone_server(channel, silence_timeout=5)
-    streams = StreamPair.for_hospital("job-turns", "h0")
+    streams = session_keys().streams("job-turns", "h0")
     channel.send(streams.up, b"\x00garbage")
-    with pytest.raises(TurnFailed, match="hospital sent bytes that are not a frame"):
+    with pytest.raises(TurnFailed, match="'well-formed' check: bytes that are not a frame"):
         server.run()
+    from medsplit.wire import decode_frame
+
+    sent = [decode_frame(channel.receive(streams.down, timeout=1)).meta.kind for _ in range(2)]
+    assert sent == [FrameKind.SYNC, FrameKind.STOPPED], "the hospital is told, not left waiting"
 
 
 def test_a_rejoin_without_the_starting_snapshot_cannot_resume() -> None:
@@ -229,7 +234,7 @@ def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> 
     channel = InMemoryChannel()
     split = split_model(model, data.images[:2], config.cuts)
     ids = TurnIds(config.job, 0, 0, Mode.VANILLA)
-    streams = StreamPair.for_hospital(config.job, "h0")
+    streams = session_keys().streams(config.job, "h0")
     party = server_party(split, config)
     server = TurnServer(
         ids=ids, channel=channel, streams=streams, split=split, party=party,

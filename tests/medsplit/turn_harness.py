@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from medsplit.channel import Channel, StreamPair
+from medsplit.channel import Channel
 from medsplit.cutting import SplitModel, split_model
 from medsplit.data import Split
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
+from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns import (
     ClientOutcome,
@@ -31,6 +32,7 @@ from medsplit.turns import (
     TurnProgress,
     TurnServer,
 )
+from tests.redis_server import session_keys
 
 
 class SimulatedCrash(Exception):
@@ -106,8 +108,10 @@ def run_over_relay(
     hooks_for: Callable[[int, int], ScriptedHooks] | None = None,
     checkpoint_every: int = 3,
     timeout: float = 30.0,
+    num_classes: int = 2,
 ) -> RelayJob:
-    """Every round and turn of the job; servers crash or pause as ``hooks_for`` scripts."""
+    """Every round and turn of the job; servers crash or pause as ``hooks_for`` scripts.
+    Both sides check every frame against the turn's limits (``num_classes`` classes)."""
     split = split_model(model, splits[0].images[:2], config.cuts)
     job = RelayJob(split, config, b"", b"")
     job.server_state = export_parties({"server": job.server_party()})
@@ -116,9 +120,13 @@ def run_over_relay(
     for round_ in range(config.rounds):
         for position, data in enumerate(splits):
             ids = TurnIds(config.job, round_, position, config.mode, config.codec)
-            streams = StreamPair.for_hospital(config.job, f"h{position}")
+            streams = session_keys().streams(config.job, f"h{position}")
             store = MemoryCheckpointStore(job.server_state)
             hooks = hooks_for(round_, position) if hooks_for else ScriptedHooks()
+            val = vals[position]
+            limits = turn_limits(
+                config, num_classes=num_classes, train=len(data), val=len(val) if val else 0
+            )
             client = TurnClient(
                 ids=ids,
                 channel=channel,
@@ -128,9 +136,10 @@ def run_over_relay(
                 start=job.client_state,
                 config=config,
                 train=data,
-                val=vals[position],
+                val=val,
                 snapshots=MemorySnapshots(),
                 reply_timeout=timeout,
+                limits=limits,
             )
             reports: list[ClientReport] = []
 
@@ -153,7 +162,8 @@ def run_over_relay(
                     party=party,
                     store=store,
                     hooks=hooks,
-                    batch_size=config.batch_size,
+                    limits=limits,
+                    hospital=f"h{position}",
                     checkpoint_every=checkpoint_every,
                     silence_timeout=timeout,
                     poll_interval=0.05,

@@ -6,16 +6,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from medsplit.channel import StreamPair
+from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
 from medsplit.data import Split, synthetic_split
 from medsplit.errors import ChannelError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.training.reference import train_unsplit
+from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns import ClientOutcome, ClientReport, MemorySnapshots, TurnClient, TurnIds
 from medsplit.turns.checkpoints import read_verified
@@ -25,6 +27,19 @@ from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
 logger = logging.getLogger(__name__)
+
+
+def report_sizes(job: Job, train: list[Split], val: list[Split | None]) -> None:
+    """Each participant reports its split sizes, as an agent's heartbeat would: the worker
+    checks the hospital's frames against them (the turn's steps, the validation size)."""
+    participants = job.participants.order_by("position").select_related("hospital")
+    for participant, own, held_out in zip(participants, train, val, strict=True):
+        hospital = participant.hospital
+        hospital.dataset_summary = {
+            **(hospital.dataset_summary or {}),
+            "split_sizes": {"train": len(own), "val": len(held_out) if held_out else 0},
+        }
+        hospital.save(update_fields=["dataset_summary"])
 
 
 def local_data(job: Job, samples: int) -> list[Split]:
@@ -38,13 +53,20 @@ def local_data(job: Job, samples: int) -> list[Split]:
 
 @dataclass
 class Hospitals:
-    """Every participant of ``job``, taking its turns in order in a background thread."""
+    """Every participant of ``job``, taking its turns in order in a background thread.
+
+    ``client`` builds each turn's :class:`TurnClient` from its keyword arguments (a test
+    may hand one hospital a hostile one); with ``go_on_when_stopped`` a stopped turn (a
+    failed or skipped one) is left behind and the next hospital takes its turn.
+    """
 
     job: Job
     redis_url: str
     train: list[Split]
     val: list[Split | None]
     reply_timeout: float = 60.0
+    client: Callable[..., TurnClient] = TurnClient
+    go_on_when_stopped: bool = False
     reports: list[ClientReport] = field(default_factory=list)
     relay_errors: list[str] = field(default_factory=list)
     resumed_at: dict[tuple[int, int], list[int]] = field(default_factory=dict)
@@ -56,6 +78,7 @@ class Hospitals:
         self.slugs = list(
             self.job.participants.order_by("position").values_list("hospital__slug", flat=True)
         )
+        report_sizes(self.job, self.train, self.val)
         self.client_state = export_parties(client_parties(self.split, self.config))
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.done = threading.Event()
@@ -83,18 +106,25 @@ class Hospitals:
 
     def _turn(self, round_: int, position: int, slug: str) -> None:
         config = self.config
-        client = TurnClient(
+        train, val = self.train[position], self.val[position]
+        client = self.client(
             ids=TurnIds(config.job, round_, position, config.mode, config.codec),
             channel=RedisChannel(self.redis_url),
-            streams=StreamPair.for_hospital(config.job, slug),
+            streams=relay_keys().streams(config.job, slug),
             split=self.split,
             parties=lambda: client_parties(self.split, config),
             start=self.client_state,
             config=config,
-            train=self.train[position],
-            val=self.val[position],
+            train=train,
+            val=val,
             snapshots=MemorySnapshots(),
             reply_timeout=self.reply_timeout,
+            limits=turn_limits(
+                config,
+                num_classes=self.job.num_classes,
+                train=len(train),
+                val=len(val) if val is not None else 0,
+            ),
         )
         while True:
             try:
@@ -114,6 +144,8 @@ class Hospitals:
                 self.client_state = client.state()
                 return
             if report.outcome == ClientOutcome.STOPPED:
+                if self.go_on_when_stopped:
+                    return
                 raise _Stopped(f"turn {position} of round {round_} was stopped")
 
     # -- what the job produced ------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from audit.models import AuditEvent
 from kernel.actors import Actor
 from medsplit.training.verify import deterministic
-from tests.workers.hospitals import Hospitals, assert_exact, local_data
+from tests.workers.hospitals import Hospitals, assert_exact, local_data, report_sizes
 from tests.workers.processes import (
     Processes,
     RedisServer,
@@ -38,6 +38,8 @@ __all__ = ["processes"]
 
 def scheduled_job(make_job, admin_actor: Actor) -> Job:
     job = make_job(seed=uuid.uuid4().int % 1000, rounds=2, max_steps_per_turn=9, max_retries=3)
+    # Before a worker can claim a turn: it checks the hospital's frames against these.
+    report_sizes(job, local_data(job, 16 * 9), local_data(job, 16))
     return services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
 
 

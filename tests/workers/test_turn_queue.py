@@ -10,7 +10,7 @@ import pytest
 
 from kernel.actors import Actor
 from medsplit.training.verify import deterministic
-from tests.workers.hospitals import Hospitals, assert_exact, local_data
+from tests.workers.hospitals import Hospitals, assert_exact, local_data, report_sizes
 from tests.workers.processes import Processes, processes, wait_until
 from training import services
 from training.models import Turn
@@ -30,8 +30,9 @@ def test_turns_run_only_on_the_workers_of_the_turn_queue(
     processes.celery_worker("turns", queues=turn_queue)
     processes.celery_beat()
     job = make_job(seed=uuid.uuid4().int % 1000, rounds=1, max_steps_per_turn=3)
-    job = services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
     train, val = local_data(job, 16 * 3), local_data(job, 16)
+    report_sizes(job, train, val)  # before a worker can claim a turn and check against them
+    job = services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
     with deterministic():
         hospitals = Hospitals(job, redis_url, train, val).start()
 

@@ -176,3 +176,18 @@ def test_a_second_runner_does_not_take_a_turn_that_is_held(
         runner="someone-else", lease_expires_at=job.created_at.replace(year=2999)
     )
     assert turn_runner.run(turn.pk, runner="me").outcome == "not claimed"
+
+
+def test_a_hospital_that_reported_no_split_sizes_fails_its_turn_saying_so(
+    runtime: str, make_job, admin_actor: Actor
+) -> None:
+    """Its frames could not be checked against its data (invariant 5): no turn is served."""
+    job = scheduled(make_job, admin_actor, rounds=1, on_failure="fail")
+    first = job.participants.get(position=0).hospital
+    first.dataset_summary = {k: v for k, v in first.dataset_summary.items() if k != "split_sizes"}
+    first.save(update_fields=["dataset_summary"])
+    turn = job_advance(job_id=job.pk)
+    assert turn_runner.run(turn.pk, runner="r").outcome == "failed"
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.FAILED
+    assert f"hospital {first.slug} has reported no split sizes" in turn.failure_reason

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernel.actors import Actor
 from tests.redis_server import forget_jobs
-from tests.workers.hospitals import Hospitals, local_data
+from tests.workers.hospitals import Hospitals, local_data, report_sizes
 from tests.workers.processes import Processes, free_port, processes, wait_until
 from training import services
 from training.models import Job, Turn
@@ -68,6 +68,8 @@ def snapshot(samples: dict) -> dict[str, float]:
 
 def scheduled_job(make_job, admin_actor: Actor) -> Job:
     job = make_job(seed=uuid.uuid4().int % 1000, rounds=1, max_steps_per_turn=STEPS)
+    # Before a worker can claim a turn: it checks the hospital's frames against these.
+    report_sizes(job, local_data(job, 16 * STEPS), local_data(job, 16))
     return services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin_actor)
 
 
