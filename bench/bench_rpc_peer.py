@@ -339,7 +339,7 @@ def turn_ids(args: argparse.Namespace, block: int):
 
 
 def role_medsplit_server(args: argparse.Namespace) -> int:
-    from medsplit.channel import RedisChannel, StreamPair
+    from medsplit.channel import RedisChannel, RelayKeys
     from medsplit.protocol.handoff import export_parties
     from medsplit.training.setup import server_party
     from medsplit.turns import MemoryCheckpointStore, ServerOutcome, TurnServer
@@ -355,7 +355,7 @@ def role_medsplit_server(args: argparse.Namespace) -> int:
             server = TurnServer(
                 ids=turn_ids(args, block),
                 channel=channel,
-                streams=StreamPair.for_hospital(args.job, "hospital"),
+                streams=RelayKeys().streams(args.job, "hospital"),
                 split=split,
                 party=party,
                 store=MemoryCheckpointStore(export_parties({SERVER_PARTY: party})),
@@ -373,7 +373,7 @@ def role_medsplit_server(args: argparse.Namespace) -> int:
 
 
 def role_medsplit_hospital(args: argparse.Namespace) -> int:
-    from medsplit.channel import RedisChannel, StreamPair
+    from medsplit.channel import RedisChannel, RelayKeys
     from medsplit.protocol.handoff import export_parties
     from medsplit.training.setup import client_parties
     from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
@@ -395,7 +395,7 @@ def role_medsplit_hospital(args: argparse.Namespace) -> int:
             client = TurnClient(
                 ids=turn_ids(args, block),
                 channel=channel,
-                streams=StreamPair.for_hospital(args.job, "hospital"),
+                streams=RelayKeys().streams(args.job, "hospital"),
                 split=split,
                 parties=lambda: client_parties(split, config),
                 start=state,
@@ -561,9 +561,12 @@ def free_port() -> int:
 def cleanup_redis(url: str, job: str) -> int:
     import redis
 
+    from medsplit.channel import RelayKeys
+
     client = redis.Redis.from_url(url)
     try:
-        keys = list(client.scan_iter(match=f"medsplit:{job}:*"))
+        pair = RelayKeys().streams(job, "hospital")
+        keys = [k for s in (pair.up, pair.down) for k in (s, s + ":seq")]
         return client.delete(*keys) if keys else 0
     finally:
         client.close()

@@ -283,7 +283,7 @@ def synthetic_train(job, samples: int):
 
 def client_for(job, channel, train, on_step):
     """The hospital's side of the job's only turn."""
-    from medsplit.channel import StreamPair
+    from medsplit.channel import RelayKeys
     from medsplit.protocol.handoff import export_parties
     from medsplit.training.setup import client_parties
     from medsplit.turns import MemorySnapshots, TurnClient, TurnIds
@@ -295,7 +295,7 @@ def client_for(job, channel, train, on_step):
     client = TurnClient(
         ids=TurnIds(config.job, 0, 0, config.mode, config.codec),
         channel=channel,
-        streams=StreamPair.for_hospital(config.job, slug),
+        streams=RelayKeys().streams(config.job, slug),
         split=split,
         parties=lambda: client_parties(split, config),
         start=export_parties(client_parties(split, config)),
@@ -311,7 +311,7 @@ def client_for(job, channel, train, on_step):
 
 def run_memory_turn(bench: Bench, job, train, times: StepTimes, total: int) -> None:
     """Baseline: TurnServer and TurnClient over an InMemoryChannel, two threads."""
-    from medsplit.channel import InMemoryChannel, StreamPair
+    from medsplit.channel import InMemoryChannel, RelayKeys
     from medsplit.protocol.handoff import export_parties
     from medsplit.training.setup import server_party
     from medsplit.turns import ClientOutcome, MemoryCheckpointStore, TurnIds, TurnServer
@@ -324,7 +324,7 @@ def run_memory_turn(bench: Bench, job, train, times: StepTimes, total: int) -> N
     server = TurnServer(
         ids=TurnIds(config.job, 0, 0, config.mode, config.codec),
         channel=channel,
-        streams=StreamPair.for_hospital(config.job, slug),
+        streams=RelayKeys().streams(config.job, slug),
         split=split,
         party=server_party(split, config),
         store=MemoryCheckpointStore(export_parties({SERVER_PARTY: server_party(split, config)})),
@@ -435,7 +435,7 @@ class MemorySampler(threading.Thread):
 
 
 def memory_part(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
-    from medsplit.channel import StreamPair
+    from medsplit.channel import RelayKeys
     from medsplit.channel.redis import SEQ_SUFFIX
 
     steps = args.memory_steps
@@ -447,7 +447,7 @@ def memory_part(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
         label="memory",
     )
     train = synthetic_train(job, steps * args.batch_size)
-    streams = StreamPair.for_hospital(job.training_config().job, bench.slugs[-1])
+    streams = RelayKeys().streams(job.training_config().job, bench.slugs[-1])
     keys = [streams.up, streams.down, streams.up + SEQ_SUFFIX, streams.down + SEQ_SUFFIX]
     sampler = MemorySampler(bench.redis_url, keys, args.sample_ms / 1000)
     sampler.start()

@@ -27,7 +27,7 @@ import time
 import torch
 from report import table, today
 
-from medsplit.channel import InMemoryChannel, StreamPair
+from medsplit.channel import InMemoryChannel, RelayKeys
 from medsplit.cutting import split_model
 from medsplit.models import build_model
 from medsplit.modes import Mode
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     back = Party.create(split.back, config)
     client = make_client(Mode.VANILLA, {"front": front}, split)
     server = make_server(Mode.VANILLA, back, split, job="bench")
-    link = LocalLink(InMemoryChannel(), StreamPair.for_hospital("bench", "h"))
+    link = LocalLink(InMemoryChannel(), RelayKeys().streams("bench", "h"))
 
     whole = copy.deepcopy(model)
     params = dict(whole.named_parameters())

@@ -276,7 +276,7 @@ def handoff_parts(state: bytes, parties: dict[str, Any]) -> dict[str, int]:
 def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespace) -> dict:
     import redis
 
-    from medsplit.channel import StreamPair, handoff_key
+    from medsplit.channel import RelayKeys
     from medsplit.data import shard
     from medsplit.models import get_model_spec
     from medsplit.modes import Mode
@@ -331,7 +331,7 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
             for position, name in enumerate(names):
                 if previous is not None:
                     sender, sent_round = previous
-                    blob = relay.get(handoff_key(job=job, sender=sender, recipient=name))
+                    blob = relay.get(RelayKeys().mail(job, sender=sender, recipient=name))
                     context = SealContext(job, sent_round, sender, name)
                     state = unseal(
                         blob,
@@ -340,7 +340,7 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
                         context=context,
                     )
                 ids = TurnIds(job, round_, position, config.mode, config.codec)
-                streams = StreamPair.for_hospital(job, name)
+                streams = RelayKeys().streams(job, name)
                 relay_keys += [streams.up, streams.down, streams.up + ":seq", streams.down + ":seq"]
                 server_channel = counting_channel(args.redis_url, tally)
                 client_channel = counting_channel(args.redis_url, tally)
@@ -401,7 +401,7 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
                         recipient=keys[other].public_key(),
                         context=context,
                     )
-                    key = handoff_key(job=job, sender=name, recipient=other)
+                    key = RelayKeys().mail(job, sender=name, recipient=other)
                     relay.set(key, blob, ex=3600)
                     relay_keys.append(key)
                     blobs.append({"size": len(blob), "ring": other == following})

@@ -314,11 +314,13 @@ def cleanup_redis(
     client = redis.Redis.from_url(url)
     deleted = 0
     try:
+        from medsplit.channel import RelayKeys
+
+        keys = RelayKeys(os.environ.get("MEDSPLIT_RELAY_PREFIX", "medsplit"))
         patterns = [f"{queue}*"]
         for slug in slugs:
-            patterns.append(f"medsplit:*:{slug}:*")
-            if handoffs:
-                patterns.append(f"medsplit-handoff:*:{slug}:*")
+            mine = keys.patterns_of(slug)
+            patterns += mine if handoffs else mine[:1]
         for pattern in patterns:
             for key in client.scan_iter(match=pattern, count=1000):
                 deleted += client.delete(key)

@@ -11,7 +11,7 @@ import redis
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from hospital_agent.identity import Credentials
-from medsplit.channel import handoff_key
+from medsplit.channel import RelayKeys
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import ChannelError, MedSplitError
 from medsplit.protocol.sealing import SealContext, public_key_from_b64, seal, unseal
@@ -54,14 +54,16 @@ class Relay:
     def put_handoff(
         self,
         *,
-        job: int,
+        keys: RelayKeys,
+        job: str,
         state: bytes,
         key: X25519PrivateKey,
         recipient: str,
         recipient_public_key: str,
         context: SealContext,
     ) -> tuple[str, int]:
-        """Seal ``state`` for ``recipient`` and leave it on the relay.
+        """Seal ``state`` for ``recipient`` and leave it on the relay, under ``keys``' mail
+        key for ``job`` (the job's name, ``job-N``).
 
         Returns:
             The SHA-256 and size of the blob (what the coordinator records).
@@ -69,7 +71,7 @@ class Relay:
         blob = seal(
             state, sender=key, recipient=public_key_from_b64(recipient_public_key), context=context
         )
-        name = handoff_key(job=str(job), sender=self.credentials.hospital, recipient=recipient)
+        name = keys.mail(job, sender=self.credentials.hospital, recipient=recipient)
         client = self._client()
         try:
             client.set(name, blob, ex=HANDOFF_TTL_SECONDS)
@@ -84,7 +86,8 @@ class Relay:
     def take_handoff(
         self,
         *,
-        job: int,
+        keys: RelayKeys,
+        job: str,
         key: X25519PrivateKey,
         sender: str,
         sender_public_key: str,
@@ -100,7 +103,7 @@ class Relay:
             HandoffMissing: it did not appear in time.
             SealError: it is not what was sealed for this place (tampered, replayed).
         """
-        name = handoff_key(job=str(job), sender=sender, recipient=self.credentials.hospital)
+        name = keys.mail(job, sender=sender, recipient=self.credentials.hospital)
         client = self._client()
         try:
             blob = None

@@ -199,9 +199,11 @@ def forget_relay_state(env: dict[str, str]) -> None:
     client = redis.Redis.from_url(url, socket_timeout=5)
     queue = env["MEDSPLIT_CELERY_QUEUE"]
     try:
+        from medsplit.channel import RelayKeys
+
+        keys = RelayKeys(env.get("MEDSPLIT_RELAY_PREFIX", "medsplit"))
         patterns = [f"{queue}*", f"_kombu.binding.{queue}"]
-        patterns += [f"medsplit:job-{job}:*" for job in _made["jobs"]]
-        patterns += [f"medsplit-handoff:*:job:{job}" for job in _made["jobs"]]
+        patterns += [p for slug in _made["hospitals"] for p in keys.patterns_of(slug)]
         for pattern in patterns:
             for key in client.scan_iter(match=pattern):
                 client.delete(key)

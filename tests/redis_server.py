@@ -16,6 +16,13 @@ import redis
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
+def session_keys():
+    """The relay key layout under this test session's own prefix (``tests/conftest.py``)."""
+    from medsplit.channel import RelayKeys
+
+    return RelayKeys(os.environ.get("MEDSPLIT_RELAY_PREFIX", "test"))
+
+
 def reachable(url: str, *, within: float = 1.0) -> bool:
     """Whether a Redis server at ``url`` answers PING within ``within`` seconds."""
     client = redis.Redis.from_url(url, socket_connect_timeout=within, socket_timeout=within)
@@ -51,13 +58,17 @@ def redis_url() -> Iterator[str]:
 
 
 def forget_jobs(url: str, job_ids) -> None:
-    """Delete the streams and hand-offs of these jobs: job ids restart at 1 in every test
-    database, so a later run would otherwise meet an earlier run's stream counters."""
+    """Delete the streams and blobs of these jobs under this session's relay prefix: job
+    ids restart at 1 in every test database, so a later test would otherwise meet an
+    earlier one's stream counters."""
+    from django.conf import settings
+
+    prefix = settings.MEDSPLIT["RELAY_PREFIX"]
     client = redis.Redis.from_url(url, socket_timeout=5)
     try:
         for job in job_ids:
-            for pattern in (f"medsplit:job-{job}:*", f"medsplit-handoff:*:job:{job}"):
-                for key in client.scan_iter(match=pattern):
+            for family in ("hospital", "mail"):
+                for key in client.scan_iter(match=f"{prefix}:{family}:*{{job-{job}}}*"):
                     client.delete(key)
     except redis.RedisError:
         pass  # a test's own Redis may be gone already

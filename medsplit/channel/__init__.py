@@ -1,14 +1,14 @@
 """Channels that carry encoded frames between parties."""
 
-from medsplit.channel.base import HANDOFF_PREFIX, Channel, StreamPair, handoff_key
+from medsplit.channel.base import Channel
+from medsplit.channel.keys import RelayKeys, StreamPair
 from medsplit.channel.memory import InMemoryChannel
 from medsplit.channel.redis import RedisChannel
 
 __all__ = [
-    "HANDOFF_PREFIX",
     "Channel",
     "InMemoryChannel",
     "RedisChannel",
+    "RelayKeys",
     "StreamPair",
-    "handoff_key",
 ]

@@ -3,29 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class StreamPair:
-    """The two streams between one hospital and the server for one job."""
-
-    up: str
-    down: str
-
-    @classmethod
-    def for_hospital(cls, job: str, hospital: str) -> StreamPair:
-        """Stream names for ``hospital`` in ``job``: agent to worker (up) and back (down)."""
-        return cls(up=f"medsplit:{job}:{hospital}:up", down=f"medsplit:{job}:{hospital}:down")
-
-
-HANDOFF_PREFIX = "medsplit-handoff"
-
-
-def handoff_key(*, job: str, sender: str, recipient: str) -> str:
-    """The relay key of the sealed hand-off of ``job`` from hospital ``sender`` to
-    ``recipient`` (the recipient first: the relay's access rules are anchored on it)."""
-    return f"{HANDOFF_PREFIX}:to:{recipient}:from:{sender}:job:{job}"
 
 
 class Channel(ABC):

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from medsplit.passwords import WeakPasswordError, check_password
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MEDSPLIT_DATA_DIR", BASE_DIR.parent / "var"))
@@ -185,6 +189,12 @@ MEDSPLIT = {
     # The relay as hospitals reach it, handed to agents at enrolment with their own user;
     # default: REDIS_URL without its credentials and options (hospitals.services).
     "RELAY_URL": os.environ.get("MEDSPLIT_RELAY_URL", ""),
+    # Every relay key of this deployment starts with it (medsplit.channel.keys), so that
+    # two deployments or test runs sharing one Redis never collide.
+    "RELAY_PREFIX": os.environ.get("MEDSPLIT_RELAY_PREFIX", "medsplit"),
+    # How often a worker measures what the hospital whose turn it serves stores on the
+    # relay (workers/relay_guard.py); every sweep also measures every hospital.
+    "RELAY_GUARD_SECONDS": float(os.environ.get("MEDSPLIT_RELAY_GUARD_SECONDS", "5")),
     # Creates and removes the per-hospital Redis ACL users (see hospitals/relay_acl.py).
     "REDIS_ACL_PROVISIONER": os.environ.get(
         "MEDSPLIT_REDIS_ACL_PROVISIONER", "hospitals.relay_acl.NoRelayProvisioner"
@@ -225,6 +235,21 @@ MEDSPLIT = {
 # Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task
 # whose worker dies is delivered again; every task is safe to run twice.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or MEDSPLIT["WORKER_REDIS_URL"]
+
+
+def _check_relay_passwords() -> None:
+    """Every process refuses to start with a guessable relay password: Redis answers tens
+    of thousands of AUTH attempts a second (medsplit.passwords)."""
+    for name in ("REDIS_URL", "MEDSPLIT_WORKER_REDIS_URL", "CELERY_BROKER_URL"):
+        password = urlsplit(os.environ.get(name) or "").password
+        if password:
+            try:
+                check_password(unquote(password), what=f"the password in {name}")
+            except WeakPasswordError as e:
+                raise ImproperlyConfigured(str(e)) from e
+
+
+_check_relay_passwords()
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("MEDSPLIT_CELERY_QUEUE", "celery")
 # A turn holds its worker process for minutes. Given a queue of their own, turns go to
 # workers that consume it, and the scheduler's short tasks to workers that no turn can

@@ -91,10 +91,10 @@ class RedisCredential(models.Model):
     """The hospital's relay user. The password is shown once, at enrolment; Redis ACLs
     accept its SHA-256 (``#<hex>``), so the coordinator keeps only that.
 
-    ``key_pattern`` is the one Redis key pattern the user may touch:
-    ``medsplit:*:<slug>:*``, which covers the hospital's streams
-    ``medsplit:{job}:{slug}:up`` and ``...:down`` (docs/protocol.md) and nothing of
-    another hospital (slugs hold no ``:`` and no glob characters).
+    ``key_pattern`` is the pattern of the hospital's streams,
+    ``<prefix>:hospital:<slug>:*`` (``medsplit.channel.keys``), shown to its agent; the
+    user's full rules (streams, counters, sent and received blobs) are
+    ``hospitals.relay_acl.agent_acl_rules``.
     """
 
     hospital = models.OneToOneField(Hospital, on_delete=models.CASCADE, related_name="redis")
@@ -104,3 +104,7 @@ class RedisCredential(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     rotated_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    #: Switched off on the relay because the hospital stored more than its jobs allow
+    #: (``hospitals.relay_services``); only a consortium admin lifts it.
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    suspended_reason = models.TextField(blank=True)

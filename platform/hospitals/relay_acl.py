@@ -13,35 +13,31 @@ Services call the provisioner inside their transaction, last: if it raises
 :class:`~hospitals.errors.RelayProvisioningFailed`, the enrolment or revocation is
 rolled back whole and the caller may retry.
 
-The real provisioner, :class:`RedisAclUsers`, applies these rules with ``ACL SETUSER``:
+The real provisioner, :class:`RedisAclUsers`, applies these rules with ``ACL SETUSER``.
+The key layout is :mod:`medsplit.channel.keys` (``<prefix>`` is
+``settings.MEDSPLIT["RELAY_PREFIX"]``); what a hospital ``<slug>`` may do with each family
+of keys (Redis 7 selectors, each with its own commands):
 
-Key layout and what a hospital ``<slug>`` may do with each key (Redis 7 selectors):
+- its streams ``<prefix>:hospital:<slug>:{job}:<topic>:up|down``: the stream commands
+  only (``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``), on keys ending
+  in ``:up`` or ``:down`` under ``<prefix>:hospital:<slug>:``;
+- their counters ``...:up:seq`` and ``...:down:seq``: ``HGET HSET HINCRBY`` only;
+- blobs it sends, ``<prefix>:mail:to:{recipient}:from:<slug>:{job}:<topic>``: write and
+  delete only (``SET DEL``);
+- blobs addressed to it, ``<prefix>:mail:to:<slug>:from:{sender}:{job}:<topic>``: read
+  only (``GET EXISTS``);
+- another hospital's keys, Celery's keys, anything else: nothing.
 
-- its streams ``medsplit:{job}:<slug>:up`` and ``...:down``: read and write, rule
-  ``~medsplit:*:<slug>:*`` (the pattern the services pass in);
-- hand-offs it sends, ``medsplit-handoff:to:{recipient}:from:<slug>:job:{job}``:
-  write only, rule ``%W~medsplit-handoff:to:*:from:<slug>:job:*``;
-- hand-offs addressed to it, ``medsplit-handoff:to:<slug>:from:{sender}:job:{job}``:
-  read only, rule ``%R~medsplit-handoff:to:<slug>:from:*``;
-- another hospital's streams, Celery's keys, anything else: nothing.
-
-A hand-off is written (``SET ... EX``) by its sender, addressed to its recipient, and
-read (``GET``) only by that recipient; the sender may also ``DEL`` what it sent. The
-hand-offs live under their own prefix ``medsplit-handoff:`` so that no stream pattern
-``medsplit:*:<slug>:*`` can reach them (a hospital whose slug were ``to`` or ``from``
-would otherwise match every hand-off). The recipient comes first, so the read rule is
-anchored: slugs hold no ``:`` and no glob characters, so ``to:<slug>:from:`` names one
-recipient only, and ``from:<slug>:job:`` one sender only (job ids are the coordinator's
-numbers).
-
-Commands: ``-@all`` then only what an agent needs (:data:`AGENT_COMMANDS`): ``PING``,
-the stream commands ``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``,
-``HGET HSET HINCRBY`` (the sequence hash ``{stream}:seq`` of ``medsplit.channel.redis``),
-``MULTI EXEC DISCARD`` (that channel appends and consumes atomically; key rules still
-apply to each queued command), and ``GET SET DEL EXISTS`` for hand-offs. No scripts
-(``EVAL``, ``EVALSHA``, ``SCRIPT``, ``FUNCTION``): a script that loops would stall the
-relay for every hospital until ``lua-time-limit``. ``AUTH`` and
-``HELLO`` need no rule (Redis lets every connection authenticate). No pub/sub channels.
+So a hospital can neither ``SET`` strings nor ``HSET`` hashes of its own choosing under its
+prefix: what it can store is bounded by what its streams and sent blobs hold, and the
+workers check those against the job's limits (``workers/relay_guard.py``). The patterns
+are anchored so that no slug reaches another's keys, whatever the slugs are (the module
+docstring of :mod:`medsplit.channel.keys` says why; ``tests/security/test_relay_keys.py``
+proves it against a real Redis). Outside the selectors the user may run only ``PING``
+and ``MULTI EXEC DISCARD`` (the channel appends and consumes atomically; each queued
+command is still checked against the selectors). No scripts (``EVAL``, ``EVALSHA``,
+``SCRIPT``, ``FUNCTION``): a script that loops would stall the relay for every hospital
+until ``lua-time-limit``. ``AUTH`` and ``HELLO`` need no rule. No pub/sub channels.
 
 The workers (Celery) use their own user, see :meth:`RedisAclUsers.provision_workers`.
 """
@@ -58,11 +54,16 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from hospitals.errors import RelayProvisioningFailed
-from medsplit.channel.base import HANDOFF_PREFIX, handoff_key  # noqa: F401 - re-exported
+from medsplit.channel.keys import RelayKeys
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROVISIONER = "hospitals.relay_acl.NoRelayProvisioner"
+
+
+def relay_keys() -> RelayKeys:
+    """This deployment's relay key layout (``MEDSPLIT["RELAY_PREFIX"]``)."""
+    return RelayKeys(settings.MEDSPLIT["RELAY_PREFIX"])
 
 
 def relay_username(slug: str) -> str:
@@ -71,18 +72,16 @@ def relay_username(slug: str) -> str:
 
 
 def relay_key_pattern(slug: str) -> str:
-    """The keys hospital ``slug`` may touch: its streams ``medsplit:{job}:{slug}:up|down``."""
-    return f"medsplit:*:{slug}:*"
+    """The keys of hospital ``slug``'s streams (what its enrolment shows it)."""
+    return relay_keys().hospital_streams_pattern(slug)
 
 
 @runtime_checkable
 class RedisAclProvisioner(Protocol):
     """Applies a hospital's relay user to Redis. Both methods are idempotent."""
 
-    def provision(
-        self, *, username: str, password_sha256: str, key_patterns: Sequence[str]
-    ) -> None:
-        """Create or replace ``username``: this password only, these key patterns only.
+    def provision(self, *, username: str, password_sha256: str, slug: str) -> None:
+        """Create or replace ``username``: this password only, hospital ``slug``'s keys only.
 
         Raises:
             RelayProvisioningFailed: the relay refused or could not be reached.
@@ -97,23 +96,37 @@ class RedisAclProvisioner(Protocol):
         """
         ...
 
+    def suspend(self, *, username: str, slug: str) -> int:
+        """Switch ``username`` off, drop its connections and delete what hospital ``slug``
+        stored (its streams and the blobs it sent, not those addressed to it); providing
+        the user again lifts it. Returns how many keys went.
+
+        Raises:
+            RelayProvisioningFailed: the relay refused or could not be reached.
+        """
+        ...
+
 
 class NoRelayProvisioner:
     """The default: no relay is configured, so there is nothing to apply; says so."""
 
-    def provision(
-        self, *, username: str, password_sha256: str, key_patterns: Sequence[str]
-    ) -> None:
+    def provision(self, *, username: str, password_sha256: str, slug: str) -> None:
         logger.warning(
-            "no Redis relay provisioner is configured: relay user %s (keys %s) was not created",
+            "no Redis relay provisioner is configured: relay user %s (hospital %s) was not created",
             username,
-            ", ".join(key_patterns),
+            slug,
         )
 
     def revoke(self, *, username: str) -> None:
         logger.warning(
             "no Redis relay provisioner is configured: relay user %s was not removed", username
         )
+
+    def suspend(self, *, username: str, slug: str) -> int:
+        logger.warning(
+            "no Redis relay provisioner is configured: relay user %s was not suspended", username
+        )
+        return 0
 
 
 def get_provisioner() -> RedisAclProvisioner:
@@ -127,10 +140,10 @@ def get_provisioner() -> RedisAclProvisioner:
 
 # -- the real provisioner ---------------------------------------------------------------
 
-#: Commands an agent's user may run (``-@all`` first). ``xinfo|stream`` is the
-#: subcommand form ACL rules take.
-AGENT_COMMANDS = (
-    "ping",
+#: Commands an agent's user may run outside any key (``-@all`` first).
+AGENT_COMMANDS = ("ping", "multi", "exec", "discard")
+#: ... on its own streams (``xinfo|stream`` is the subcommand form ACL rules take).
+STREAM_COMMANDS = (
     "xadd",
     "xread",
     "xrange",
@@ -139,67 +152,93 @@ AGENT_COMMANDS = (
     "xdel",
     "xtrim",
     "xinfo|stream",
-    "hget",
-    "hset",
-    "hincrby",
-    "multi",
-    "exec",
-    "discard",
-    "get",
-    "set",
-    "del",
-    "exists",
+)
+#: ... on its streams' counters (``medsplit.channel.redis``).
+COUNTER_COMMANDS = ("hget", "hset", "hincrby")
+#: ... on blobs it sends, and on blobs addressed to it.
+SEND_COMMANDS = ("set", "del")
+RECEIVE_COMMANDS = ("get", "exists")
+#: Redis 6 has no selectors: every command on every pattern.
+_REDIS6_COMMANDS = (
+    *AGENT_COMMANDS,
+    *STREAM_COMMANDS,
+    *COUNTER_COMMANDS,
+    *SEND_COMMANDS,
+    *RECEIVE_COMMANDS,
 )
 
-#: Keys of the workers' user: every MedSplit stream and hand-off, and Celery's own keys
-#: (kombu's queues ``celery*``, bindings ``_kombu*``, ``unacked*``; results
-#: ``celery-task-meta-*``). Queues given other names need their patterns added.
-WORKER_KEY_PATTERNS = ("medsplit:*", f"{HANDOFF_PREFIX}:*", "celery*", "_kombu*", "unacked*")
+#: Celery's own keys (kombu's queues ``celery*``, bindings ``_kombu*``, ``unacked*``;
+#: results ``celery-task-meta-*``), besides the deployment's relay keys. Queues given
+#: other names need their patterns added.
+CELERY_KEY_PATTERNS = ("celery*", "_kombu*", "unacked*")
 
 _HOSPITAL_USERNAME = re.compile(r"^hospital-([a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?)$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_SAFE_PATTERN = re.compile(r"^[A-Za-z0-9:*_.-]+$")
 
 
-def handoff_rules(slug: str, *, selectors: bool = True) -> list[str]:
-    """Hospital ``slug`` writes hand-offs it sends and reads those addressed to it.
+def worker_key_patterns(keys: RelayKeys | None = None) -> tuple[str, ...]:
+    """Every key the workers reach: the deployment's relay keys and Celery's."""
+    return ((keys or relay_keys()).deployment_pattern(), *CELERY_KEY_PATTERNS)
 
-    Without ``selectors`` (Redis 6 has no ``%R~``/``%W~``), both patterns are plain ``~``:
-    the hospital may then also read what it sent (its own weights) and write or delete
-    what is addressed to it, which only harms itself: a hand-off is sealed by its sender,
-    so anything else written there is refused on opening (``medsplit.protocol.sealing``).
+
+def hospital_key_rules(
+    slug: str, keys: RelayKeys | None = None, *, selectors: bool = True
+) -> list[str]:
+    """The key rules of hospital ``slug`` (see the module docstring).
+
+    With ``selectors`` (Redis 7), one selector per family of keys, each with its own
+    commands. Without (Redis 6 has no selectors and no ``%R~``/``%W~``), plain ``~``
+    patterns for the same keys, every agent command on each: the hospital may then also
+    read what it sent and write what is addressed to it, and store other values under its
+    own keys, which only harms itself (every blob is sealed by its sender, so anything
+    else is refused on opening) and which the workers' relay guard still bounds.
     """
-    write, read = ("%W~", "%R~") if selectors else ("~", "~")
+    keys = keys or relay_keys()
+    own = keys.hospital_prefix(slug)
+    streams = [f"~{own}*:up", f"~{own}*:down"]
+    counters = [f"~{own}*:seq"]
+    sent, received = keys.outbox_pattern(slug), keys.inbox_pattern(slug)
+    if not selectors:
+        return [f"~{keys.hospital_streams_pattern(slug)}", f"~{sent}", f"~{received}"]
+
+    def selector(patterns: Sequence[str], commands: Sequence[str]) -> str:
+        return "(" + " ".join([*patterns, *(f"+{c}" for c in commands)]) + ")"
+
     return [
-        f"{write}{HANDOFF_PREFIX}:to:*:from:{slug}:job:*",
-        f"{read}{HANDOFF_PREFIX}:to:{slug}:from:*",
+        selector(streams, STREAM_COMMANDS),
+        selector(counters, COUNTER_COMMANDS),
+        selector([f"%W~{sent}"], SEND_COMMANDS),
+        selector([f"%R~{received}"], RECEIVE_COMMANDS),
     ]
 
 
 def agent_acl_rules(
-    *, username: str, password_sha256: str, key_patterns: Sequence[str], selectors: bool = True
+    *,
+    username: str,
+    password_sha256: str,
+    keys: RelayKeys | None = None,
+    selectors: bool = True,
 ) -> list[str]:
     """The arguments of ``ACL SETUSER`` after the user name, for a hospital's agent
-    (``selectors``: see :func:`handoff_rules`).
+    (``selectors``: see :func:`hospital_key_rules`).
 
     Raises:
-        ValueError: not a hospital user name, not a SHA-256, or a pattern that is not
-            a plain key glob (so nothing can smuggle in another ACL rule).
+        ValueError: not a hospital user name, or not a SHA-256 (so nothing can smuggle
+            in another ACL rule).
     """
     match = _HOSPITAL_USERNAME.match(username)
     if match is None:
         raise ValueError(f"{username!r} is not a hospital relay user name")
     _check_digest(password_sha256)
-    patterns = [_checked_pattern(p) for p in key_patterns]
+    commands = AGENT_COMMANDS if selectors else _REDIS6_COMMANDS
     return [
         "reset",
         "on",
         f"#{password_sha256}",
         "resetchannels",
-        *(f"~{p}" for p in patterns),
-        *handoff_rules(match.group(1), selectors=selectors),
         "-@all",
-        *(f"+{c}" for c in AGENT_COMMANDS),
+        *(f"+{c}" for c in commands),
+        *hospital_key_rules(match.group(1), keys, selectors=selectors),
     ]
 
 
@@ -207,7 +246,7 @@ def worker_acl_rules(*, password_sha256: str) -> list[str]:
     """The arguments of ``ACL SETUSER`` after the user name, for the workers (Celery).
 
     Every command but the ``@admin`` and ``@dangerous`` ones (no ``ACL``, ``CONFIG``,
-    ``KEYS``, ``FLUSHDB``, ``CLIENT KILL``, ``DEBUG``...), on :data:`WORKER_KEY_PATTERNS`
+    ``KEYS``, ``FLUSHDB``, ``CLIENT KILL``, ``DEBUG``...), on :func:`worker_key_patterns`
     only, and every pub/sub channel (Celery's result backend and kombu's fan-out
     subscribe).
     """
@@ -218,7 +257,7 @@ def worker_acl_rules(*, password_sha256: str) -> list[str]:
         f"#{password_sha256}",
         "resetchannels",
         "&*",
-        *(f"~{p}" for p in WORKER_KEY_PATTERNS),
+        *(f"~{p}" for p in worker_key_patterns()),
         "+@all",
         "-@admin",
         "-@dangerous",
@@ -228,12 +267,6 @@ def worker_acl_rules(*, password_sha256: str) -> list[str]:
 def _check_digest(password_sha256: str) -> None:
     if not _SHA256_HEX.match(password_sha256):
         raise ValueError("the password must be given as 64 lower-case hex digits (SHA-256)")
-
-
-def _checked_pattern(pattern: str) -> str:
-    if not _SAFE_PATTERN.match(pattern):
-        raise ValueError(f"{pattern!r} is not a plain key pattern")
-    return pattern
 
 
 class RedisAclUsers:
@@ -264,14 +297,14 @@ class RedisAclUsers:
             f"the relay at {self._where(client)} could not {action}: {type(e).__name__}: {e}"
         )
 
-    def provision(
-        self, *, username: str, password_sha256: str, key_patterns: Sequence[str]
-    ) -> None:
+    def provision(self, *, username: str, password_sha256: str, slug: str) -> None:
+        if username != relay_username(slug):
+            raise ValueError(f"relay user {username!r} is not hospital {slug!r}'s")
+
         def rules(client: redis.Redis) -> list[str]:
             return agent_acl_rules(
                 username=username,
                 password_sha256=password_sha256,
-                key_patterns=key_patterns,
                 selectors=self._has_selectors(client),
             )
 
@@ -331,3 +364,28 @@ class RedisAclUsers:
         finally:
             client.close()
         logger.info("relay user %s revoked (existed: %s)", username, bool(deleted))
+
+    def suspend(self, *, username: str, slug: str) -> int:
+        """``ACL SETUSER <user> off`` (which ends its open connections on Redis 7), then
+        ``CLIENT KILL USER`` for any left, then delete the hospital's streams and the blobs
+        it sent, so that the relay's memory comes back at once."""
+        keys = relay_keys()
+        client = self._admin()
+        deleted = 0
+        try:
+            client.execute_command("ACL", "SETUSER", username, "off")
+            self._save(client)
+            try:
+                client.execute_command("CLIENT", "KILL", "USER", username)
+            except redis.ResponseError as e:
+                if "no such user" not in str(e).lower():
+                    raise
+            for pattern in (keys.hospital_streams_pattern(slug), keys.outbox_pattern(slug)):
+                for key in client.scan_iter(match=pattern, count=1000):
+                    deleted += client.delete(key)
+        except redis.RedisError as e:
+            raise self._failed(client, f"suspend relay user {username}", e) from e
+        finally:
+            client.close()
+        logger.warning("relay user %s suspended; %d of its keys deleted", username, deleted)
+        return deleted

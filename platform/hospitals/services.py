@@ -50,10 +50,12 @@ from kernel.permissions import (
     require_consortium_admin_on,
     require_manages_hospital,
 )
+from medsplit.channel.keys import RESERVED_WORDS
 
 CODE_PREFIX = "msc"
-# Slugs that would collide with routes under /api/hospitals/.
-RESERVED_SLUGS = frozenset({"join-requests"})
+#: Names a hospital may not take: URL words of the API, and every word of the relay's
+#: key layout (medsplit.channel.keys), so that no slug can be read as another part of a key.
+RESERVED_SLUGS = frozenset({"join-requests"}) | RESERVED_WORDS
 _RELAY_PASSWORD_BYTES = 32
 
 
@@ -465,7 +467,8 @@ def _enrol(
 def relay_users_restore(*, actor: Actor) -> list[str]:
     """Apply every hospital's live relay user to the relay again, from the SHA-256 of its
     password kept here: after a relay restart that lost its users (a Redis without an ACL
-    file) or a move to a new relay. Revoked users are not restored. Safe to run twice.
+    file) or a move to a new relay. Revoked and suspended users are not restored. Safe to
+    run twice.
 
     Returns:
         The user names applied, in order.
@@ -474,15 +477,22 @@ def relay_users_restore(*, actor: Actor) -> list[str]:
         RelayProvisioningFailed: the relay refused or could not be reached; the users
             applied before the failure stay applied, and running it again finishes.
     """
-    credentials = RedisCredential.objects.filter(revoked_at__isnull=True).order_by("username")
+    credentials = (
+        RedisCredential.objects.filter(revoked_at__isnull=True, suspended_at__isnull=True)
+        .select_related("hospital")
+        .order_by("username")
+    )
     provisioner = get_provisioner()
     restored = []
     for credential in credentials:
+        slug = credential.hospital.slug
         provisioner.provision(
-            username=credential.username,
-            password_sha256=credential.password_sha256,
-            key_patterns=[credential.key_pattern],
+            username=credential.username, password_sha256=credential.password_sha256, slug=slug
         )
+        # The rules follow this deployment's key layout, which may have changed since.
+        pattern = relay_key_pattern(slug)
+        if credential.key_pattern != pattern:
+            RedisCredential.objects.filter(pk=credential.pk).update(key_pattern=pattern)
         restored.append(credential.username)
     audit_record(
         actor=actor,
@@ -504,7 +514,19 @@ def relay_url_for_agents() -> str:
 
 
 def _provision_relay_user(hospital: Hospital, now: datetime) -> RelayCredentials:
-    """Create or replace the hospital's relay user with a fresh password (shown once)."""
+    """Create or replace the hospital's relay user with a fresh password (shown once).
+
+    Raises:
+        Conflict: the hospital's relay user is suspended; a consortium admin lifts that
+            first (``hospitals.relay_services.relay_user_lift``).
+    """
+    held = RedisCredential.objects.filter(hospital=hospital, suspended_at__isnull=False).first()
+    if held is not None:
+        raise Conflict(
+            f"hospital {hospital.slug!r}'s relay user is suspended ({held.suspended_reason}); "
+            "a consortium admin must lift the suspension before it enrols again",
+            details={"relay_suspended_at": held.suspended_at.isoformat()},
+        )
     password = token_urlsafe(_RELAY_PASSWORD_BYTES)
     digest = hashlib.sha256(password.encode()).hexdigest()
     username = relay_username(hospital.slug)
@@ -521,7 +543,7 @@ def _provision_relay_user(hospital: Hospital, now: datetime) -> RelayCredentials
         credential.revoked_at = None
         credential.save()
     # Last, so that a relay that refuses rolls the whole enrolment back.
-    get_provisioner().provision(username=username, password_sha256=digest, key_patterns=[pattern])
+    get_provisioner().provision(username=username, password_sha256=digest, slug=hospital.slug)
     return RelayCredentials(
         url=relay_url_for_agents(),
         username=username,

@@ -29,6 +29,7 @@ from audit.models import AuditEvent
 from hospital_agent.data import DataSource, load_local, prepare
 from hospitals import services as hospital_services
 from hospitals.models import Hospital
+from hospitals.relay_acl import relay_keys
 from kernel.actors import Actor
 from medsplit.data import synthetic_split
 from medsplit.protocol.handoff import import_parties
@@ -324,7 +325,9 @@ def _relay_values(redis_url: str, job: Job) -> list[bytes]:
     client = redis.Redis.from_url(redis_url)
     values = []
     try:
-        for pattern in (f"medsplit:job-{job.pk}:*", f"medsplit-handoff:*:job:{job.pk}"):
+        prefix = relay_keys().prefix
+        tag = f"{{job-{job.pk}}}"
+        for pattern in (f"{prefix}:hospital:*{tag}*", f"{prefix}:mail:*{tag}*"):
             for key in client.scan_iter(match=pattern):
                 kind = client.type(key)
                 if kind == b"string":

@@ -13,6 +13,7 @@ from hospital_agent.relay import Relay
 from medsplit.errors import ChannelError
 from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
 from tests.medsplit.test_redis_tls import tls_redis
+from tests.redis_server import session_keys
 
 __all__ = ["tls_redis"]
 
@@ -31,11 +32,12 @@ def test_hand_offs_and_frames_cross_a_tls_relay_checked_with_the_agents_ca(tls_r
     job = f"test-{uuid.uuid4().hex[:6]}"
     context = SealContext(job=job, round=0, sender="a", recipient="b")
     digest, _ = a.put_handoff(
-        job=job, state=b"weights", key=a_key, recipient="b",
+        keys=session_keys(), job=job, state=b"weights", key=a_key, recipient="b",
         recipient_public_key=public_key_b64(b_key), context=context,
     )  # fmt: skip
     taken = b.take_handoff(
-        job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+        keys=session_keys(), job=job, key=b_key, sender="a",
+        sender_public_key=public_key_b64(a_key),
         context=context, expected_sha256=digest, wait=1, stopping=threading.Event(),
     )  # fmt: skip
     assert taken == b"weights"
@@ -53,7 +55,7 @@ def test_a_relay_the_agent_cannot_vouch_for_is_refused(tls_redis) -> None:
     relay = _relay(url, "a", None)  # the system's CAs do not know the test's certificate
     with pytest.raises(ChannelError, match="hand-off"):
         relay.put_handoff(
-            job=1, state=b"w", key=generate_private_key(), recipient="b",
+            keys=session_keys(), job="job-1", state=b"w", key=generate_private_key(), recipient="b",
             recipient_public_key=public_key_b64(generate_private_key()),
             context=SealContext(job="1", round=0, sender="a", recipient="b"),
         )  # fmt: skip

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from medsplit.channel import InMemoryChannel, StreamPair
+from medsplit.channel import InMemoryChannel
 from medsplit.errors import ChannelError, ChannelTimeout
+from tests.redis_server import session_keys
 
 
 def test_streams_are_ordered_and_separate() -> None:
@@ -50,6 +51,6 @@ def test_only_bytes_are_sent() -> None:
 
 
 def test_stream_names_are_per_job_and_hospital() -> None:
-    a = StreamPair.for_hospital("job", "h1")
-    b = StreamPair.for_hospital("job", "h2")
+    a = session_keys().streams("job", "h1")
+    b = session_keys().streams("job", "h2")
     assert len({a.up, a.down, b.up, b.down}) == 4

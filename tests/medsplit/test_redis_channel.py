@@ -13,7 +13,7 @@ import redis
 import torch
 from torch import nn
 
-from medsplit.channel import InMemoryChannel, RedisChannel, StreamPair
+from medsplit.channel import InMemoryChannel, RedisChannel
 from medsplit.channel.base import Channel
 from medsplit.cutting import split_model
 from medsplit.errors import ChannelError, ChannelTimeout
@@ -23,6 +23,7 @@ from medsplit.protocol.link import LocalLink
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import StepIds
+from tests.redis_server import session_keys
 
 CHUNK = 1024
 
@@ -246,7 +247,7 @@ def one_step(channel: Channel, job: str) -> dict[str, torch.Tensor]:
     server = make_server(Mode.VANILLA, back, split, job="job-1")
     gen = torch.Generator().manual_seed(1)
     x, y = torch.rand(4, 16, generator=gen), torch.randint(0, 2, (4,), generator=gen)
-    LocalLink(channel, StreamPair.for_hospital(job, "h1"), timeout=5).run_step(
+    LocalLink(channel, session_keys().streams(job, "h1"), timeout=5).run_step(
         client, server, StepIds("job-1", 0, 0, 0), x, y
     )
     return {

@@ -5,6 +5,7 @@ Input is checked by :mod:`training.validation` (a job) or by the views' small pa
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -180,6 +181,9 @@ class AssignmentSerializer(serializers.ModelSerializer):
     participants = AssignmentParticipantSerializer(
         source="all_participants", many=True, read_only=True
     )
+    relay_prefix = serializers.SerializerMethodField(
+        help_text="what every relay key of this deployment starts with (docs/protocol.md)"
+    )
     handoff_from = serializers.SerializerMethodField(
         help_text="the last completed turn's hospital, whose sealed weights the next turn "
         "(and, once the job ended, every participant) starts from; null: start from the "
@@ -214,8 +218,12 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "participants",
             "handoff_from",
             "state_reason",
+            "relay_prefix",
         ]
         read_only_fields = fields
+
+    def get_relay_prefix(self, job: Job) -> str:
+        return settings.MEDSPLIT["RELAY_PREFIX"]
 
     def get_position(self, job: Job) -> int:
         return job.my_participation[0].position

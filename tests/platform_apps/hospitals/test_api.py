@@ -401,7 +401,7 @@ def test_an_agent_enrols_once_and_gets_its_token_and_relay_user(
         "url": settings.MEDSPLIT["REDIS_URL"],
         "username": "hospital-lakeside",
         "password": relay["password"],
-        "key_pattern": "medsplit:*:lakeside:*",
+        "key_pattern": f"{settings.MEDSPLIT['RELAY_PREFIX']}:hospital:lakeside:*",
     }
     hospital = Hospital.objects.get(slug="lakeside")
     assert hospital.status == "enrolled" and hospital.public_key == key
@@ -429,7 +429,7 @@ def test_enrolment_calls_the_relay_hook_with_the_users_rights(approved_hospital,
             {
                 "username": "hospital-lakeside",
                 "password_sha256": hashlib.sha256(password.encode()).hexdigest(),
-                "key_patterns": ["medsplit:*:lakeside:*"],
+                "slug": "lakeside",
             },
         )
     ]

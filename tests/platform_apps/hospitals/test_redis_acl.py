@@ -29,8 +29,7 @@ from hospitals.relay_acl import (
     RedisAclUsers,
     agent_acl_rules,
     get_provisioner,
-    handoff_key,
-    relay_key_pattern,
+    relay_keys,
     relay_username,
 )
 from kernel.actors import Actor
@@ -85,8 +84,9 @@ class Agent:
         host, port = where.get("host", "127.0.0.1"), where.get("port", 6379)
         return f"redis://{self.username}:{self.password}@{host}:{port}/0"
 
-    def stream(self, job: str = "1", direction: str = "up") -> str:
-        return f"medsplit:{job}:{self.slug}:{direction}"
+    def stream(self, job: str = "job-1", direction: str = "up") -> str:
+        pair = relay_keys().streams(job, self.slug)
+        return pair.up if direction == "up" else pair.down
 
 
 @pytest.fixture
@@ -103,14 +103,19 @@ def agents(admin: redis.Redis) -> Iterator[Callable[[str], Agent]]:
         provisioner.provision(
             username=agent.username,
             password_sha256=hashlib.sha256(password.encode()).hexdigest(),
-            key_patterns=[relay_key_pattern(slug)],
+            slug=slug,
         )
         return agent
 
     yield make
     for agent in made:
         admin.execute_command("ACL", "DELUSER", agent.username)
-        for pattern in (f"medsplit:*:{agent.slug}:*", f"medsplit-handoff:*{agent.slug}*"):
+        keys = relay_keys()
+        for pattern in (
+            keys.hospital_streams_pattern(agent.slug),
+            keys.inbox_pattern(agent.slug),
+            keys.outbox_pattern(agent.slug),
+        ):
             keys = list(admin.scan_iter(match=pattern))
             if keys:
                 admin.delete(*keys)
@@ -123,54 +128,38 @@ def _denied(call: Callable[[], object]) -> None:
 
 def test_the_rules_are_exactly_these() -> None:
     digest = "ab" * 32
-    rules = agent_acl_rules(
-        username="hospital-st-marys", password_sha256=digest, key_patterns=["medsplit:*:st-marys:*"]
-    )
+    rules = agent_acl_rules(username="hospital-st-marys", password_sha256=digest)
+    p = settings.MEDSPLIT["RELAY_PREFIX"]
     assert rules == [
         "reset",
         "on",
         f"#{digest}",
         "resetchannels",
-        "~medsplit:*:st-marys:*",
-        "%W~medsplit-handoff:to:*:from:st-marys:job:*",
-        "%R~medsplit-handoff:to:st-marys:from:*",
         "-@all",
         "+ping",
-        "+xadd",
-        "+xread",
-        "+xrange",
-        "+xrevrange",
-        "+xlen",
-        "+xdel",
-        "+xtrim",
-        "+xinfo|stream",
-        "+hget",
-        "+hset",
-        "+hincrby",
         "+multi",
         "+exec",
         "+discard",
-        "+get",
-        "+set",
-        "+del",
-        "+exists",
+        f"(~{p}:hospital:st-marys:*:up ~{p}:hospital:st-marys:*:down +xadd +xread +xrange "
+        "+xrevrange +xlen +xdel +xtrim +xinfo|stream)",
+        f"(~{p}:hospital:st-marys:*:seq +hget +hset +hincrby)",
+        f"(%W~{p}:mail:to:*:from:st-marys:{{* +set +del)",
+        f"(%R~{p}:mail:to:st-marys:from:* +get +exists)",
     ]
 
 
 @pytest.mark.parametrize(
-    ("username", "digest", "patterns"),
+    ("username", "digest"),
     [
-        ("default", "ab" * 32, ["medsplit:*:x:*"]),
-        ("hospital-x", "not-a-digest", ["medsplit:*:x:*"]),
-        ("hospital-x", "ab" * 32, ["medsplit:*:x:* +@all"]),
-        ("hospital-x", "ab" * 32, ["+@all"]),
+        ("default", "ab" * 32),
+        ("hospital-x", "not-a-digest"),
+        ("hospital-x +@all", "ab" * 32),
+        ("hospital-X", "ab" * 32),
     ],
 )
-def test_nothing_but_a_hospital_user_and_plain_patterns_gets_through(
-    username: str, digest: str, patterns: list[str]
-) -> None:
+def test_nothing_but_a_hospital_user_and_a_digest_gets_through(username: str, digest: str) -> None:
     with pytest.raises(ValueError):
-        agent_acl_rules(username=username, password_sha256=digest, key_patterns=patterns)
+        agent_acl_rules(username=username, password_sha256=digest)
 
 
 def test_an_agent_uses_its_own_streams_and_nothing_of_another(agents) -> None:
@@ -185,14 +174,19 @@ def test_an_agent_uses_its_own_streams_and_nothing_of_another(agents) -> None:
         assert len(conn_a.xrange(a.stream())) == 1
         assert conn_a.xtrim(a.stream(), maxlen=0, approximate=False) == 1
 
-        b.connect().xadd(b.stream("1", "down"), {"frame": b"y"})
-        for stream in (b.stream("1", "up"), b.stream("1", "down")):
+        b.connect().xadd(b.stream("job-1", "down"), {"frame": b"y"})
+        for stream in (b.stream("job-1", "up"), b.stream("job-1", "down")):
             _denied(lambda s=stream: conn_a.xadd(s, {"frame": b"z"}))
             _denied(lambda s=stream: conn_a.xread({s: "0"}))
             _denied(lambda s=stream: conn_a.xrange(s))
             _denied(lambda s=stream: conn_a.xlen(s))
         # One forbidden stream among allowed ones refuses the whole read.
-        _denied(lambda: conn_a.xread({a.stream(): "0", b.stream("1", "down"): "0"}))
+        _denied(lambda: conn_a.xread({a.stream(): "0", b.stream("job-1", "down"): "0"}))
+        # Its own prefix holds streams and their counters only: no strings, no hashes.
+        own = relay_keys().hospital_prefix(a.slug)
+        _denied(lambda: conn_a.set(own + "junk", b"x" * 1024))
+        _denied(lambda: conn_a.hset(own + "junk", "f", b"x"))
+        _denied(lambda: conn_a.hset(a.stream(), "f", b"x"))
     finally:
         conn_a.close()
 
@@ -204,13 +198,13 @@ def test_the_redis_channel_works_with_an_agents_user_on_its_own_streams_only(age
     a, b = agents("a"), agents("b")
     channel = RedisChannel(a.url(), socket_timeout=2)
     try:
-        channel.send(a.stream("1", "up"), b"frame-bytes")
-        assert channel.receive(a.stream("1", "up"), timeout=1) == b"frame-bytes"
+        channel.send(a.stream("job-1", "up"), b"frame-bytes")
+        assert channel.receive(a.stream("job-1", "up"), timeout=1) == b"frame-bytes"
         refused = "no permissions to access one of the keys"
         with pytest.raises(ChannelError, match=refused):
-            channel.send(b.stream("1", "up"), b"intrusion")
+            channel.send(b.stream("job-1", "up"), b"intrusion")
         with pytest.raises(ChannelError, match=refused):
-            channel.receive(b.stream("1", "down"), timeout=0.2)
+            channel.receive(b.stream("job-1", "down"), timeout=0.2)
     finally:
         channel.close()
 
@@ -219,8 +213,9 @@ def test_hand_offs_are_written_to_others_and_read_only_by_their_recipient(agents
     a, b = agents("a"), agents("b")
     conn_a, conn_b = a.connect(), b.connect()
     try:
-        a_to_b = handoff_key(job="7", sender=a.slug, recipient=b.slug)
-        b_to_a = handoff_key(job="7", sender=b.slug, recipient=a.slug)
+        keys = relay_keys()
+        a_to_b = keys.mail("job-7", sender=a.slug, recipient=b.slug)
+        b_to_a = keys.mail("job-7", sender=b.slug, recipient=a.slug)
         assert conn_a.set(a_to_b, b"ciphertext-for-b", ex=60)
         assert conn_b.set(b_to_a, b"ciphertext-for-a", ex=60)
 
@@ -230,7 +225,7 @@ def test_hand_offs_are_written_to_others_and_read_only_by_their_recipient(agents
         _denied(lambda: conn_a.set(b_to_a, b"forged"))  # A cannot write as B
         _denied(lambda: conn_a.delete(b_to_a))  # nor remove what B sent
         # A hand-off between two others is out of reach entirely.
-        c_to_b = handoff_key(job="7", sender="c", recipient=b.slug)
+        c_to_b = keys.mail("job-7", sender="c", recipient=b.slug)
         _denied(lambda: conn_a.get(c_to_b))
         _denied(lambda: conn_a.set(c_to_b, b"forged"))
         assert conn_a.delete(a_to_b) == 1  # the sender may withdraw what it sent
@@ -314,8 +309,8 @@ def test_the_workers_user_reaches_streams_hand_offs_and_celery_but_not_admin(
     conn = redis.Redis(host=where["host"], port=where["port"], username=username, password=password)
     prefix = f"test-{uuid.uuid4().hex[:10]}"
     keys = [
-        f"medsplit:1:{prefix}:up",
-        handoff_key(job="1", sender=prefix, recipient="x"),
+        relay_keys().streams("job-1", prefix).up,
+        relay_keys().mail("job-1", sender=prefix, recipient="x"),
         f"celery-{prefix}",
     ]
     try:
@@ -335,9 +330,7 @@ def test_the_workers_user_reaches_streams_hand_offs_and_celery_but_not_admin(
 def test_an_unreachable_relay_is_a_relay_error_naming_host_and_port_only() -> None:
     provisioner = RedisAclUsers("redis://someone:s3cret-pw@127.0.0.1:1/0", timeout_s=1)
     with pytest.raises(RelayProvisioningFailed) as caught:
-        provisioner.provision(
-            username="hospital-test-x", password_sha256="ab" * 32, key_patterns=["medsplit:*:x:*"]
-        )
+        provisioner.provision(username="hospital-test-x", password_sha256="ab" * 32, slug="test-x")
     assert "127.0.0.1:1" in caught.value.message
     assert "s3cret-pw" not in caught.value.message
     with pytest.raises(RelayProvisioningFailed):
@@ -350,7 +343,7 @@ def test_an_admin_without_acl_rights_is_a_relay_error(admin: redis.Redis, agents
     url = f"redis://{a.username}:{a.password}@{where['host']}:{where['port']}/0"
     with pytest.raises(RelayProvisioningFailed) as caught:
         RedisAclUsers(url).provision(
-            username="hospital-test-y", password_sha256="ab" * 32, key_patterns=["medsplit:*:y:*"]
+            username="hospital-test-y", password_sha256="ab" * 32, slug="test-y"
         )
     assert a.password not in caught.value.message
     assert admin.execute_command("ACL", "GETUSER", "hospital-test-y") is None
@@ -382,7 +375,7 @@ def test_enrolment_creates_a_working_user_and_revocation_removes_it(admin: redis
             assert admin.execute_command("ACL", "GETUSER", username) is None
     finally:
         admin.execute_command("ACL", "DELUSER", username)
-        admin.delete(f"medsplit:1:{hospital.slug}:up")
+        admin.delete(relay_keys().streams("job-1", hospital.slug).up)
 
 
 @pytest.mark.django_db
@@ -404,8 +397,9 @@ def test_relay_workers_user_command_creates_the_workers_user_and_shows_its_url_o
         assert AuditEvent.objects.filter(
             action="relay.workers_user_provisioned", target=f"relay-user:{username}"
         ).exists()
-        monkeypatch.setenv("SHORT_PASSWORD", "too-short")
-        with pytest.raises(CommandError, match="at least 16 characters"):
+        # 16 characters of every kind, accepted before: about 105 bits, refused now.
+        monkeypatch.setenv("SHORT_PASSWORD", "Aa1!Bb2@Cc3#Dd4$")
+        with pytest.raises(CommandError, match="too weak to guard the relay"):
             call_command(
                 "relay_workers_user", "--username", username, "--password-env", "SHORT_PASSWORD"
             )

@@ -11,15 +11,17 @@ from hospitals.relay_acl import (
     RedisAclProvisioner,
     get_provisioner,
     relay_key_pattern,
+    relay_keys,
     relay_username,
 )
 from tests.platform_apps.hospitals.helpers import use_provisioner
 from tests.platform_apps.hospitals.provisioners import RecordingProvisioner
 
 
-def test_names_and_patterns() -> None:
+def test_names_and_patterns(settings) -> None:
     assert relay_username("st-marys") == "hospital-st-marys"
-    assert relay_key_pattern("st-marys") == "medsplit:*:st-marys:*"
+    prefix = settings.MEDSPLIT["RELAY_PREFIX"]
+    assert relay_key_pattern("st-marys") == f"{prefix}:hospital:st-marys:*"
 
 
 def test_the_pattern_covers_the_hospitals_streams_only() -> None:
@@ -27,12 +29,11 @@ def test_the_pattern_covers_the_hospitals_streams_only() -> None:
     are the same for ``*`` and plain characters)."""
     from fnmatch import fnmatchcase
 
-    from medsplit.channel.base import StreamPair
-
+    keys = relay_keys()
     pattern = relay_key_pattern("st-marys")
-    own = StreamPair.for_hospital(job="12", hospital="st-marys")
-    other = StreamPair.for_hospital(job="12", hospital="city-general")
-    tricky = StreamPair.for_hospital(job="12", hospital="st-marys-annex")
+    own = keys.streams("job-12", "st-marys")
+    other = keys.streams("job-12", "city-general")
+    tricky = keys.streams("job-12", "st-marys-annex")
     assert fnmatchcase(own.up, pattern) and fnmatchcase(own.down, pattern)
     for stream in (other.up, other.down, tricky.up, tricky.down):
         assert not fnmatchcase(stream, pattern)
@@ -42,7 +43,7 @@ def test_the_default_only_says_no_relay_is_configured(caplog) -> None:
     provisioner = get_provisioner()
     assert isinstance(provisioner, NoRelayProvisioner)
     with caplog.at_level(logging.WARNING, logger="hospitals.relay_acl"):
-        provisioner.provision(username="hospital-x", password_sha256="0" * 64, key_patterns=["k"])
+        provisioner.provision(username="hospital-x", password_sha256="0" * 64, slug="x")
         provisioner.revoke(username="hospital-x")
     assert len(caplog.records) == 2
     assert all("no Redis relay provisioner" in r.getMessage() for r in caplog.records)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from hospitals.models import RedisCredential
-from hospitals.relay_acl import RedisAclUsers, handoff_key, relay_key_pattern, relay_username
+from hospitals.relay_acl import RedisAclUsers, relay_key_pattern, relay_keys, relay_username
 from tests.platform_apps.conftest import make_hospital
 from tests.workers.processes import RedisServer
 
@@ -39,10 +39,12 @@ def _as(server: RedisServer, username: str, password: str = PASSWORD) -> redis.R
 
 def _hospital(provisioner: RedisAclUsers, slug: str) -> str:
     username = relay_username(slug)
-    provisioner.provision(
-        username=username, password_sha256=_sha(PASSWORD), key_patterns=[relay_key_pattern(slug)]
-    )
+    provisioner.provision(username=username, password_sha256=_sha(PASSWORD), slug=slug)
     return username
+
+
+def _up(slug: str, job: str = "job-1") -> str:
+    return relay_keys().streams(job, slug).up
 
 
 def _denied(call: Callable[[], object]) -> None:
@@ -73,8 +75,8 @@ def test_users_survive_a_restart_of_a_relay_that_keeps_them_in_an_acl_file(
     server.start()
 
     agent = _as(server, north)
-    agent.xadd("medsplit:1:north:up", {"frame": b"x"})
-    _denied(lambda: agent.xadd("medsplit:1:south:up", {"frame": b"x"}))
+    agent.xadd(_up("north", "job-1"), {"frame": b"x"})
+    _denied(lambda: agent.xadd(_up("south", "job-1"), {"frame": b"x"}))
     assert _as(server, "medsplit-workers").llen("celery") == 0
 
     provisioner.revoke(username=north)
@@ -124,16 +126,16 @@ def test_on_redis_6_hand_offs_are_reached_through_plain_key_patterns(
         a, b = _as(server, north), _as(server, south)
 
         # Each still reaches its own streams only.
-        a.xadd("medsplit:7:north:up", {"frame": b"x"})
-        _denied(lambda: a.xadd("medsplit:7:south:up", {"frame": b"x"}))
+        a.xadd(_up("north", "job-7"), {"frame": b"x"})
+        _denied(lambda: a.xadd(_up("south", "job-7"), {"frame": b"x"}))
 
         # North seals for south; south reads it; neither reaches a third hospital's.
-        to_south = handoff_key(job="7", sender="north", recipient="south")
+        to_south = relay_keys().mail("job-7", sender="north", recipient="south")
         a.set(to_south, b"sealed")
         assert b.get(to_south) == b"sealed"
-        to_east = handoff_key(job="7", sender="south", recipient="east")
+        to_east = relay_keys().mail("job-7", sender="south", recipient="east")
         _denied(lambda: a.get(to_east))
-        _denied(lambda: a.set(handoff_key(job="7", sender="east", recipient="south"), b"x"))
+        _denied(lambda: a.set(relay_keys().mail("job-7", sender="east", recipient="south"), b"x"))
         # What Redis 6 cannot tell apart, and the seal covers: the recipient may write
         # where it reads.
         b.set(to_south, b"overwritten by the recipient itself")
@@ -166,8 +168,8 @@ def test_relay_users_restore_applies_every_live_user_from_the_database(
             call_command("relay_users_restore", stdout=out)
             assert out.getvalue().strip() == "2 relay users applied: hospital-north, hospital-south"
             north = _as(server, relay_username("north"))
-            north.xadd("medsplit:1:north:up", {"frame": b"x"})
-            _denied(lambda: north.xadd("medsplit:1:south:up", {"frame": b"x"}))
+            north.xadd(_up("north", "job-1"), {"frame": b"x"})
+            _denied(lambda: north.xadd(_up("south", "job-1"), {"frame": b"x"}))
             with pytest.raises(redis.exceptions.AuthenticationError):
                 _as(server, relay_username("west")).ping()
             event = AuditEvent.objects.get(action="relay.users_restored")

@@ -42,6 +42,7 @@ def test_every_route_is_described_with_its_bodies(schema) -> None:
         "/api/hospitals/{slug}/",
         "/api/hospitals/{slug}/approve/",
         "/api/hospitals/{slug}/reject/",
+        "/api/hospitals/{slug}/relay/lift/",
         "/api/hospitals/{slug}/enrolment-codes/",
         "/api/hospitals/{slug}/tokens/",
         "/api/hospitals/{slug}/tokens/revoke/",

@@ -1,0 +1,37 @@
+"""Fixtures of the whole suite.
+
+Every test session uses a relay prefix of its own (``MEDSPLIT_RELAY_PREFIX``), so that the
+suite, a benchmark and a demo sharing one Redis never meet each other's keys; the session's
+keys are removed when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.redis_server import DEFAULT_URL, reachable
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _relay_prefix_of_this_session() -> Iterator[str]:
+    from django.conf import settings
+
+    prefix = f"test-{uuid.uuid4().hex[:10]}"
+    before = settings.MEDSPLIT["RELAY_PREFIX"]
+    settings.MEDSPLIT["RELAY_PREFIX"] = prefix
+    os.environ["MEDSPLIT_RELAY_PREFIX"] = prefix  # the worker and agent processes' too
+    yield prefix
+    settings.MEDSPLIT["RELAY_PREFIX"] = before
+    url = os.environ.get("REDIS_URL", DEFAULT_URL)
+    if reachable(url):
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        try:
+            for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+                client.delete(key)
+        finally:
+            client.close()
