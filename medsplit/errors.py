@@ -33,6 +33,19 @@ class ChannelTimeout(ChannelError, TimeoutError):
     """No frame arrived on a stream within the timeout."""
 
 
+class RelayAbuse(ChannelError):
+    """A sender put more on the relay than the job allows (an oversized frame, a flooded
+    stream, junk under its keys): its fault, not the relay's.
+
+    Attributes:
+        stream: the stream or key where it was found.
+    """
+
+    def __init__(self, message: str, *, stream: str = "") -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
 class ProtocolError(MedSplitError):
     """A frame arrived that the protocol did not expect at this point (order, kind, ids)."""
 

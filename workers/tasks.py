@@ -8,8 +8,11 @@ import os
 import socket
 import uuid
 
+import redis
+
+from hospitals.errors import RelayProvisioningFailed
 from training.scheduling import job_advance, jobs_to_advance, turn_dispatched, turns_without_runner
-from workers import turn_runner
+from workers import relay_watch, turn_runner
 from workers.celery_app import app
 
 logger = logging.getLogger(__name__)
@@ -35,12 +38,18 @@ def run_turn(turn_id: int) -> str:
 
 @app.task(name="medsplit.sweep")
 def sweep() -> None:
-    """Find work nobody is doing: scheduled jobs, lost follow-ups, turns whose worker died."""
+    """Find work nobody is doing: scheduled jobs, lost follow-ups, turns whose worker died;
+    and hold every hospital to what its jobs allow it to store on the relay."""
     for job_id in jobs_to_advance():
         advance_job.delay(job_id)
     for turn_id in turns_without_runner():
         logger.info("turn %s has no live runner; sending it to a worker", turn_id)
         _send_turn(turn_id)
+    try:
+        relay_watch.sweep_relay()
+    except (redis.RedisError, RelayProvisioningFailed) as e:
+        # The relay being away is the turns' problem, reported there; the next sweep checks.
+        logger.warning("relay check skipped: %s", e)
 
 
 def _send_turn(turn_id: int) -> None:

@@ -29,6 +29,12 @@ or out of place, a message cut short by the next one, entries taken by another r
 entries numbered by two senders out of step.
 No Lua: agents' Redis users may not load scripts, since a script that loops would stall
 the relay for everyone.
+
+A reader that is told the job's bounds (``max_message_bytes``, ``max_backlog_bytes``: the
+workers, reading what hospitals send) refuses an oversized message from its first chunk,
+before fetching the rest (a chunk larger than ``chunk_bytes``, or more chunks than the
+bound allows), and a stream that still holds more than the bound once a message is taken
+(a sender flooding it): both are :class:`RelayAbuse`, naming the stream and the bound.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from medsplit.channel.base import Channel
-from medsplit.errors import ChannelError, ChannelTimeout
+from medsplit.errors import ChannelError, ChannelTimeout, RelayAbuse
 
 MiB = 1 << 20
 SEQ_SUFFIX = ":seq"
@@ -65,6 +71,11 @@ class RedisChannel(Channel):
             Waiting for a frame to arrive keeps to the ``receive`` timeout; taking one that
             has arrived may wait up to this long, as giving up on it could lose the frame.
         ssl_ca_certs: CA bundle to check the server's certificate with (``rediss://`` only).
+        max_message_bytes: the largest message this reader accepts (``None``: no bound
+            beyond ``max_stream_len`` chunks).
+        max_backlog_bytes: what a stream this reader reads may still hold, in Redis'
+            memory, once a message is taken (``None``: not checked; checking needs the
+            ``MEMORY`` command, which agents' users do not have).
 
     Note:
         A payload may span at most ``max_stream_len`` chunks. Bytes in, bytes out: no
@@ -86,6 +97,8 @@ class RedisChannel(Channel):
         connect_timeout: float = 5.0,
         socket_timeout: float = 30.0,
         ssl_ca_certs: str | None = None,
+        max_message_bytes: int | None = None,
+        max_backlog_bytes: int | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("url must start with redis://, rediss:// or unix://")
@@ -100,8 +113,16 @@ class RedisChannel(Channel):
             if not url.startswith("rediss://"):
                 raise ValueError("ssl_ca_certs needs a rediss:// url")
             options["ssl_ca_certs"] = ssl_ca_certs
+        for name, bound in (
+            ("max_message_bytes", max_message_bytes),
+            ("max_backlog_bytes", max_backlog_bytes),
+        ):
+            if bound is not None and bound < 1:
+                raise ValueError(f"{name} must be at least 1 or None, got {bound}")
         self.chunk_bytes = chunk_bytes
         self.max_stream_len = max_stream_len
+        self.max_message_bytes = max_message_bytes
+        self.max_backlog_bytes = max_backlog_bytes
         self._redis = redis.Redis.from_url(
             url,
             decode_responses=False,
@@ -229,6 +250,15 @@ class RedisChannel(Channel):
                 f"entry {first} on stream {stream!r} is out of order: "
                 f"entry {read_before + 1} was expected"
             )
+        if self.max_message_bytes is not None:
+            sizes = [len(fields.get(b"d", b"")) for _, fields in entries]
+            if sum(sizes) > self.max_message_bytes or max(sizes) > self.chunk_bytes:
+                raise RelayAbuse(
+                    f"a message on stream {stream!r} holds {sum(sizes)} bytes in chunks of up "
+                    f"to {max(sizes)}: more than this job's largest frame allows "
+                    f"({self.max_message_bytes} bytes in chunks of {self.chunk_bytes})",
+                    stream=stream,
+                )
         try:
             payload = _assemble(stream, entries)
         except ChannelError as e:
@@ -292,10 +322,25 @@ class RedisChannel(Channel):
             return []
         count = entries[0][1].get(b"n", b"1")
         n = int(count) if count.isdigit() else 1
+        self._check_size(stream, n, len(entries[0][1].get(b"d", b"")))
         if 1 < n <= self.max_stream_len:
             conn.send_command("XRANGE", stream, b"(" + entries[0][0], "+", "COUNT", n - 1)
             entries += _entries(conn.read_response())
         return entries
+
+    def _check_size(self, stream: str, chunks: int, first: int) -> None:
+        """Refuse a message whose first chunk shows it too large, before fetching the rest."""
+        bound = self.max_message_bytes
+        if bound is None:
+            return
+        most = max(1, -(-bound // self.chunk_bytes))
+        if chunks > most or first > min(self.chunk_bytes, bound):
+            raise RelayAbuse(
+                f"stream {stream!r} holds a message of {chunks} chunk(s), the first of "
+                f"{first} bytes: more than this job's largest frame allows ({bound} bytes, "
+                f"at most {most} chunk(s) of {self.chunk_bytes}); it was not read",
+                stream=stream,
+            )
 
     def _commit(
         self, conn: redis.Connection, stream: str, last: bytes, ids: list[bytes]
@@ -310,10 +355,21 @@ class RedisChannel(Channel):
         if last:
             commands.append(("HSET", counter, "read", last))
         commands.append(("HGET", counter, "read"))
+        if self.max_backlog_bytes is not None:
+            # In the same transaction: what the sender left besides this message.
+            commands.append(("MEMORY", "USAGE", stream, "SAMPLES", 0))
         replies = _transaction(conn, commands)
         failed = next((r for r in replies if isinstance(r, Exception)), None)
         if failed is not None:
             raise failed
+        if self.max_backlog_bytes is not None:
+            held = int(replies.pop() or 0)
+            if held > self.max_backlog_bytes:
+                raise RelayAbuse(
+                    f"stream {stream!r} still holds {held} bytes once a message is taken, more "
+                    f"than this job allows ({self.max_backlog_bytes}): its sender is flooding it",
+                    stream=stream,
+                )
         before, deleted, now = replies[0], replies[1], replies[-1]
         return int(before or 0), int(now or 0), int(deleted)
 

@@ -64,7 +64,7 @@ class HospitalFilter(django_filters.FilterSet):
 def _visible(actor: Actor) -> QuerySet:
     require_person_with_role(actor)
     require_person(actor)
-    hospitals = Hospital.objects.order_by("name", "pk")
+    hospitals = Hospital.objects.select_related("redis").order_by("name", "pk")
     if actor.is_system or actor.is_consortium_admin or actor.role == Role.OBSERVER:
         return hospitals
     if actor.kind == ActorKind.PERSON and actor.hospital is not None:
@@ -96,7 +96,7 @@ def hospital_get(*, actor: Actor, slug: str) -> Hospital:
         NotFound: no such hospital, or one the actor may not see.
     """
     require_person_with_role(actor)
-    hospital = _with_online(Hospital.objects.all()).filter(slug=slug).first()
+    hospital = _with_online(Hospital.objects.select_related("redis")).filter(slug=slug).first()
     if hospital is None:
         raise NotFound("no such hospital")
     require_sees_hospital(actor, hospital)

@@ -126,26 +126,30 @@ def _start_relay(acl: Path, port: int, password: str) -> subprocess.Popen:
     raise AssertionError("the relay did not start")
 
 
+FIRST = "first-relay-password-0123456789-abcdefghijkl"
+SECOND = "second-relay-password-0123456789-abcdefghijk"
+
+
 def test_the_relay_keeps_its_users_and_takes_the_password_of_each_start(tmp_path: Path) -> None:
     """deploy/redis-start.sh, as the compose file's redis service runs it."""
     acl, port = tmp_path / "users.acl", _free_port()
-    relay = _start_relay(acl, port, "first-password-0123456789")
+    relay = _start_relay(acl, port, FIRST)
     try:
-        admin = redis.Redis(port=port, password="first-password-0123456789")
+        admin = redis.Redis(port=port, password=FIRST)
         admin.execute_command(
             "ACL", "SETUSER", "hospital-x", "on", ">pw-of-x", "~medsplit:*:x:*", "+ping"
         )
         admin.execute_command("ACL", "SAVE")
         assert acl.stat().st_mode & 0o077 == 0, "the ACL file is for Redis's eyes only"
-        assert "first-password" not in acl.read_text(), "passwords are kept as SHA-256"
+        assert FIRST not in acl.read_text(), "passwords are kept as SHA-256"
     finally:
         relay.kill()
         relay.wait()
-    relay = _start_relay(acl, port, "second-password-0123456789")
+    relay = _start_relay(acl, port, SECOND)
     try:
         assert redis.Redis(port=port, username="hospital-x", password="pw-of-x").ping()
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=port, password="first-password-0123456789").ping()
+            redis.Redis(port=port, password=FIRST).ping()
         assert acl.read_text().count("user default ") == 1
     finally:
         relay.kill()

@@ -75,11 +75,19 @@ class HeartbeatSerializer(StrictSerializer):
 # -- hospitals ----------------------------------------------------------------------
 
 
+class RelaySuspensionSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    reason = serializers.CharField()
+
+
 class HospitalSerializer(serializers.ModelSerializer):
     online = serializers.SerializerMethodField(
         help_text="heard from within HOSPITAL_OFFLINE_AFTER_SECONDS"
     )
     dataset_summary = serializers.SerializerMethodField()
+    relay_suspension = serializers.SerializerMethodField(
+        help_text="why its relay user is suspended, and since when; null when it is not"
+    )
 
     class Meta:
         model = Hospital
@@ -97,11 +105,19 @@ class HospitalSerializer(serializers.ModelSerializer):
             "agent_version",
             "public_key",
             "dataset_summary",
+            "relay_suspension",
         ]
         read_only_fields = fields
 
     def get_online(self, hospital: Hospital) -> bool:
         return hospital_is_online(hospital=hospital)
+
+    @extend_schema_field(RelaySuspensionSerializer(allow_null=True))
+    def get_relay_suspension(self, hospital: Hospital) -> dict[str, Any] | None:
+        credential = getattr(hospital, "redis", None)
+        if credential is None or credential.suspended_at is None:
+            return None
+        return {"since": credential.suspended_at, "reason": credential.suspended_reason}
 
     @extend_schema_field(DatasetSummarySerializer(allow_null=True))
     def get_dataset_summary(self, hospital: Hospital) -> dict[str, Any] | None:

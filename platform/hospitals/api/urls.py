@@ -20,6 +20,11 @@ urlpatterns = [
         "hospitals/<slug:slug>/reject/", views.HospitalRejectView.as_view(), name="hospital-reject"
     ),
     path(
+        "hospitals/<slug:slug>/relay/lift/",
+        views.HospitalRelayLiftView.as_view(),
+        name="hospital-relay-lift",
+    ),
+    path(
         "hospitals/<slug:slug>/enrolment-codes/",
         views.EnrolmentCodeView.as_view(),
         name="hospital-enrolment-codes",

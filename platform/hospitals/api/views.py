@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hospitals import selectors, services
+from hospitals import relay_services, selectors, services
 from hospitals.api.serializers import (
     AgentHospitalSerializer,
     EnrolmentCodeSerializer,
@@ -126,6 +126,20 @@ class HospitalApproveView(APIView):
         hospital = selectors.hospital_get(actor=actor, slug=slug)
         approval = services.hospital_approve(actor=actor, hospital=hospital)
         return Response(RegistrationSerializer(approval).data)
+
+
+class HospitalRelayLiftView(APIView):
+    @extend_schema(
+        operation_id="hospitals_relay_lift",
+        request=None,
+        responses={200: HospitalSerializer, **ERRORS, **CONFLICT},
+        description="Lift the suspension of the hospital's relay user (consortium admin).",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        actor = actor_from_request(request)
+        hospital = selectors.hospital_get(actor=actor, slug=slug)
+        relay_services.relay_user_lift(actor=actor, hospital=hospital)
+        return Response(HospitalSerializer(selectors.hospital_get(actor=actor, slug=slug)).data)
 
 
 class HospitalRejectView(APIView):

@@ -13,16 +13,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import audit_record
 from hospitals.errors import RelayProvisioningFailed
-from hospitals.relay_acl import WORKER_KEY_PATTERNS, RedisAclUsers
+from hospitals.relay_acl import RedisAclUsers, worker_key_patterns
 from kernel.actors import Actor
+from medsplit.passwords import WeakPasswordError, check_password
 
 
 class Command(BaseCommand):
     help = (
         "Create or replace the Redis ACL user the workers (Celery and the turn runner) use "
-        f"on the relay: keys {', '.join(WORKER_KEY_PATTERNS)} only, no admin or dangerous "
+        "on the relay: this deployment's relay keys and Celery's only, no admin or dangerous "
         "commands. Uses the admin credentials of REDIS_URL. Without --password-env a "
-        "password is generated and the workers' URL is printed once."
+        "password is generated and the workers' URL is printed once; one given must hold "
+        "at least 128 bits."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -37,11 +39,10 @@ class Command(BaseCommand):
         username = options["username"]
         if options["password_env"]:
             password = os.environ.get(options["password_env"], "")
-            if len(password) < 16:
-                raise CommandError(
-                    f"environment variable {options['password_env']} must hold a password of "
-                    "at least 16 characters"
-                )
+            try:
+                check_password(password, what=f"environment variable {options['password_env']}")
+            except WeakPasswordError as e:
+                raise CommandError(str(e)) from e
         else:
             password = secrets.token_urlsafe(32)
         digest = hashlib.sha256(password.encode()).hexdigest()
@@ -53,7 +54,7 @@ class Command(BaseCommand):
             actor=Actor.system(),
             action="relay.workers_user_provisioned",
             target=f"relay-user:{username}",
-            details={"username": username, "keys": list(WORKER_KEY_PATTERNS)},
+            details={"username": username, "keys": list(worker_key_patterns())},
         )
         self.stdout.write(f"relay user {username} provisioned for the workers")
         if not options["password_env"]:

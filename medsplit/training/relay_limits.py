@@ -1,0 +1,86 @@
+"""How much a job may put on the relay: the bounds the workers hold every hospital to.
+
+A Redis ACL cannot limit a command's arguments, so a hospital may ``XADD`` as much as it
+likes to its own streams and ``SET`` blobs as large as it likes for others. What an honest
+hospital stores is known from the job, though: one frame in flight on each of its streams
+(a re-sent step or a hello at most doubles that), and one sealed hand-off per other
+participant. These bounds are computed here from the job's split, with slack, and the
+workers hold every hospital to them (``workers/relay_guard.py``): the reader refuses an
+oversized frame from its first chunk, and a hospital whose keys hold more than their
+bound has its turn failed and its relay user suspended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from medsplit.cutting import SplitModel
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.config import TrainingConfig
+
+#: Room for a frame's safetensors header, control tensors and rounding.
+FRAME_OVERHEAD = 64 * 1024
+#: Room for a sealed blob's header, signature, and the optimizer's scalar state.
+BLOB_OVERHEAD = 64 * 1024
+#: Frames an honest hospital may leave on one stream at once (a frame and a re-send).
+FRAMES_IN_FLIGHT = 2
+#: What Redis spends per stream entry beyond its payload, and per small key.
+ENTRY_OVERHEAD = 256
+KEY_OVERHEAD = 4 * 1024
+SLACK = 1.25
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """The most one hospital's keys may hold in one job.
+
+    Attributes:
+        frame_bytes: the largest frame of the job (its encoded size with codec ``none``).
+        stream_bytes: what one of its streams may hold at once (its memory in Redis).
+        blob_bytes: the largest sealed blob it may leave for another participant.
+        counter_bytes: what one stream's counter hash may hold.
+    """
+
+    frame_bytes: int
+    stream_bytes: int
+    blob_bytes: int
+    counter_bytes: int = KEY_OVERHEAD
+
+    def max_chunks(self, chunk_bytes: int) -> int:
+        """How many chunks of ``chunk_bytes`` the largest frame takes."""
+        return max(1, -(-self.frame_bytes // chunk_bytes))
+
+
+def relay_limits(split: SplitModel, config: TrainingConfig) -> RelayLimits:
+    """The bounds of ``config``'s job cut as ``split`` (see the module docstring)."""
+    batch = config.batch_size
+    per_sample = max(
+        sum(t.numel * t.dtype.itemsize for t in boundary) for boundary in split.boundaries
+    )
+    # Labels (int64, vanilla) and the logits of validation (at most the classes of a
+    # float64 output) are smaller than any cut in the registry, but are counted anyway.
+    frame = int(SLACK * batch * (per_sample + 8 + 8 * _outputs(split))) + FRAME_OVERHEAD
+    stream = FRAMES_IN_FLIGHT * frame + FRAMES_IN_FLIGHT * ENTRY_OVERHEAD + KEY_OVERHEAD
+    # The hospital hands on its front, and in U-shaped mode its head too.
+    mine = [split.segments[0]] + ([split.segments[-1]] if len(split.segments) > 2 else [])
+    state = sum(_state_bytes(segment, config.client_optimizer) for segment in mine)
+    blob = int(SLACK * state) + BLOB_OVERHEAD
+    return RelayLimits(frame_bytes=frame, stream_bytes=stream, blob_bytes=blob)
+
+
+def _outputs(split: SplitModel) -> int:
+    """Values per sample of the model's output (validation's logits), at most 1024."""
+    last = split.segments[-1]
+    params = list(last.parameters())
+    return min(1024, int(params[-1].numel()) if params else 1024)
+
+
+def _state_bytes(segment: torch.nn.Module, optimizer: OptimizerConfig) -> int:
+    """A segment's training state in a hand-off: weights, buffers and optimizer slots."""
+    params = sum(p.numel() * p.element_size() for p in segment.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in segment.buffers())
+    slots = {"adam": 2, "adamw": 2}.get(optimizer.name, 1 if optimizer.momentum else 0)
+    steps = 8 * sum(1 for _ in segment.parameters()) * (slots > 0)
+    return params * (1 + slots) + buffers + steps
