@@ -1,8 +1,8 @@
 """Fixtures of the whole suite.
 
-Every test session uses a relay prefix of its own (``MEDSPLIT_RELAY_PREFIX``), so that the
-suite, a benchmark and a demo sharing one Redis never meet each other's keys; the session's
-keys are removed when it ends.
+Every test starts with an empty cache, and every test session uses a relay prefix of its
+own (``MEDSPLIT_RELAY_PREFIX``), so that the suite, a benchmark and a demo sharing one
+Redis never meet each other's keys; the session's keys are removed when it ends.
 """
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ import pytest
 import redis
 
 from tests.redis_server import DEFAULT_URL, reachable
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    """Throttle counters and cached cut tables live in the cache, keyed by ids that every
+    test database hands out again (person 1, job 1): each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import TYPE_CHECKING, Final
 
 from django.contrib.auth import authenticate, get_user_model, login, logout
 from django.contrib.auth.password_validation import validate_password
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from accounts.errors import InvalidCredentials
+from accounts import sign_in_delay
+from accounts.errors import InvalidCredentials, SignInDelayed
 from accounts.models import Membership
 from accounts.selectors import membership_of, role_of
 from audit.services import audit_record
@@ -36,34 +39,73 @@ UNSET: Final = _Unset.UNSET
 def person_sign_in(
     *, request: HttpRequest | Request, username: str, password: str
 ) -> AbstractBaseUser:
-    """Check ``username`` and ``password`` and start a session; audit either outcome.
+    """Check ``username`` and ``password`` and start a session; audit every outcome.
 
-    The audit row names the username and the source address, never the password.
+    Failures in a row for one username from one address slow the next attempt
+    (:mod:`accounts.sign_in_delay`); while the delay runs the password is not checked.
+    Audit rows name the username and the client's address, never the password.
 
     Raises:
+        SignInDelayed: the delay of earlier failures is still running (429).
         InvalidCredentials: wrong username or password, or an inactive account.
     """
     ip = client_ip(request)
-    user = authenticate(request, username=username, password=password)
-    if user is None:
+    try:
+        attempt = sign_in_delay.begin(username, ip)
+    except SignInDelayed as e:
+        if e.first:  # once per delay: a flood of refusals does not flood the log
+            audit_record(
+                actor=Actor.anonymous(ip),
+                action="auth.sign_in_delayed",
+                target=f"person:{username}",
+                details={"username": username, "failures": e.failures, "wait": e.retry_after},
+            )
+        raise
+    try:
+        user = authenticate(request, username=username, password=password)
+        if user is None:
+            delay = attempt.failed()
+            audit_record(
+                actor=Actor.anonymous(ip),
+                action="auth.sign_in_failed",
+                target=f"person:{username}",
+                details={
+                    "username": username,
+                    "failures": attempt.failures + 1,
+                    "next_attempt_after": delay,
+                },
+            )
+            raise InvalidCredentials("wrong username or password")
+        with transaction.atomic():
+            login(request, user)
+            role, hospital = role_of(user)
+            audit_record(
+                actor=Actor(
+                    ActorKind.PERSON, user=user, role=role, hospital=hospital, source_ip=ip
+                ),
+                action="auth.signed_in",
+                target=f"person:{user.get_username()}",
+                hospital=hospital.slug if hospital is not None else "",
+                details={"username": user.get_username()},
+            )
+        attempt.succeeded()
+    finally:
+        attempt.release()
+    return user
+
+
+def sign_in_throttled(*, request: HttpRequest | Request, wait: float | None) -> None:
+    """Audit that sign-ins from the request's address are throttled: once per address
+    and throttle period, however many more it sends meanwhile."""
+    ip = client_ip(request)
+    hold = max(1, math.ceil(wait or 1))
+    if cache.add(f"sign-in:throttled:{ip}", 1, timeout=hold):
         audit_record(
             actor=Actor.anonymous(ip),
-            action="auth.sign_in_failed",
-            target=f"person:{username}",
-            details={"username": username},
+            action="auth.sign_in_throttled",
+            target=f"address:{ip}",
+            details={"retry_after": hold},
         )
-        raise InvalidCredentials("wrong username or password")
-    with transaction.atomic():
-        login(request, user)
-        role, hospital = role_of(user)
-        audit_record(
-            actor=Actor(ActorKind.PERSON, user=user, role=role, hospital=hospital, source_ip=ip),
-            action="auth.signed_in",
-            target=f"person:{user.get_username()}",
-            hospital=hospital.slug if hospital is not None else "",
-            details={"username": user.get_username()},
-        )
-    return user
 
 
 def person_sign_out(*, request: HttpRequest | Request, actor: Actor) -> None:

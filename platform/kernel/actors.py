@@ -6,12 +6,16 @@ Services take an :class:`Actor` and enforce permissions themselves, so every int
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rest_framework.settings import api_settings
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
+    from django.http import HttpRequest
     from rest_framework.request import Request
 
 
@@ -86,9 +90,31 @@ class Actor:
         return "system"
 
 
-def client_ip(request: Request) -> str | None:
-    """The peer address. X-Forwarded-For is trusted only behind a configured proxy."""
-    return request.META.get("REMOTE_ADDR")
+def client_ip(request: HttpRequest | Request) -> str | None:
+    """The address of the client behind ``request``: what every throttle keys on and the
+    audit log records as ``source_ip``.
+
+    With no trusted proxy (``MEDSPLIT_TRUSTED_PROXIES=0``, DRF's ``NUM_PROXIES``) it is
+    the peer address, and ``X-Forwarded-For`` is ignored. Behind ``n`` proxies, each of
+    which appends (or, the first, overwrites with) the address it was reached from, it is
+    the ``n``-th address from the right: the one the outermost trusted proxy saw, which
+    no client can choose. Anything there that is not an IP address (a proxy that was not
+    configured as docs/deploy.md says) falls back to the peer address.
+    """
+    peer = request.META.get("REMOTE_ADDR")
+    proxies = api_settings.NUM_PROXIES or 0
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if proxies <= 0 or not forwarded:
+        return peer
+    hops = [hop.strip() for hop in forwarded.split(",")]
+    candidate = hops[-min(proxies, len(hops))]
+    try:
+        address = ipaddress.ip_address(candidate)
+    except ValueError:
+        return peer
+    if getattr(address, "scope_id", None):
+        return peer  # a zone is a local detail, never a client's address
+    return str(address)
 
 
 def role_of(user: AbstractBaseUser) -> tuple[Role | None, Hospital | None]:

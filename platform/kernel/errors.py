@@ -10,6 +10,7 @@ mapped onto the same shape here, so clients see one format whatever failed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -76,6 +77,20 @@ class Gone(PlatformError):
     status = 410
 
 
+class TooManyRequests(PlatformError):
+    """Too many attempts, or too much at once: try again after ``retry_after`` seconds
+    (sent as ``Retry-After``)."""
+
+    code = "throttled"
+    status = 429
+
+    def __init__(
+        self, message: str, *, retry_after: int, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, details=details)
+        self.retry_after = max(1, int(retry_after))
+
+
 _DRF_CODES: list[tuple[type[Exception], str]] = [
     (drf.NotAuthenticated, "not_authenticated"),
     (drf.AuthenticationFailed, "authentication_failed"),
@@ -100,7 +115,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, PlatformError):
         set_rollback()
         body = {"code": exc.code, "message": exc.message, "details": exc.details}
-        return Response(body, status=exc.status)
+        headers = {}
+        if isinstance(exc, TooManyRequests):
+            headers["Retry-After"] = str(exc.retry_after)
+        return Response(body, status=exc.status, headers=headers)
 
     if isinstance(exc, drf.APIException):
         set_rollback()
@@ -109,7 +127,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
         if isinstance(exc, drf.Throttled) and exc.wait is not None:
-            headers["Retry-After"] = str(int(exc.wait))
+            headers["Retry-After"] = str(max(1, math.ceil(exc.wait)))
         if isinstance(exc, drf.ValidationError):
             details = (
                 exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}

@@ -14,6 +14,25 @@ refused first (403); then an object the actor may not see does not exist for it 
 never 403: a hospital admin or an agent cannot tell another hospital's objects from
 missing ones); then an action the actor may not take on an object it sees is refused
 (403).
+
+Least privilege: what each party sees of the others in a job. One rule, which every
+selector and serializer applies (:func:`sees_participant_in_full`) and every later
+feature follows:
+
+- consortium admins, observers and the system see every job in full;
+- a hospital admin sees the jobs their hospital takes part in: the job itself
+  (configuration, state, order) and their own hospital's part in full (its turns with
+  their counters, times, losses, metrics and failure reasons, its metric points). Of each
+  other participant they see its **name, its position, and its turns' states and sample
+  counts, and nothing else**: not its steps, bytes, times, losses, metrics, metric
+  points, feature set or failure reasons, nor a job state reason that tells another
+  hospital's failure (they see which turn failed, not why). Totals cover the turns they
+  see in full;
+- a hospital's agent sees its own assignments, its own turns and its own failure
+  reasons; of the other participants only what handing weights on needs (slug, position,
+  public key, whose sealed weights to start from);
+- anything new about a participant is shown to the other hospitals only once it is
+  added to the list above: hiding is the default.
 """
 
 from __future__ import annotations
@@ -109,6 +128,17 @@ def require_reads_people(actor: Actor) -> None:
     """Lists of people are for people with a role (and the system), never for agents."""
     require_person_with_role(actor)
     require_person(actor)
+
+
+def sees_participant_in_full(actor: Actor, hospital_id: object) -> bool:
+    """Whether ``actor`` sees everything about the part the hospital ``hospital_id`` has
+    in a job ``actor`` may see (the least-privilege rule above): consortium admins,
+    observers and the system for every hospital, a hospital admin or agent for its own."""
+    if actor.is_system or actor.is_consortium_admin:
+        return True
+    if actor.kind == ActorKind.PERSON and actor.role == Role.OBSERVER:
+        return True
+    return actor.hospital is not None and actor.hospital.pk == hospital_id
 
 
 def can_see_person(actor: Actor, user: AbstractBaseUser) -> bool:

@@ -16,7 +16,12 @@ from django.utils import timezone
 
 from kernel.actors import Actor, ActorKind, Role
 from kernel.errors import InvalidInput, NotFound
-from kernel.permissions import require_agent, require_person, require_person_with_role
+from kernel.permissions import (
+    require_agent,
+    require_person,
+    require_person_with_role,
+    sees_participant_in_full,
+)
 from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
@@ -91,8 +96,13 @@ def _participants_prefetch() -> Prefetch:
 def job_status(*, actor: Actor, job_id: int) -> dict[str, Any]:
     """A small summary of a job's progress, in two indexed queries.
 
+    What of each hospital's part it shows follows the least-privilege rule
+    (:func:`kernel.permissions.sees_participant_in_full`): of another hospital's current
+    turn, a hospital admin gets its place, state and sample count only (no steps, bytes
+    or loss), and the totals cover the turns they see in full.
+
     Returns:
-        state, current round and turn (with its hospital and counters), totals of all
+        state, current round and turn (with its hospital and counters), totals of the
         turns so far and the last loss.
     """
     job = (
@@ -103,34 +113,40 @@ def job_status(*, actor: Actor, job_id: int) -> dict[str, Any]:
     )
     if job is None:
         raise NotFound(f"no job {job_id}")
-    totals = Turn.objects.filter(job_id=job.pk).aggregate(
+    counted = Turn.objects.filter(job_id=job.pk)
+    if not _sees_all(actor):
+        counted = counted.filter(hospital_id=getattr(actor.hospital, "pk", None))
+    totals = counted.aggregate(
         steps=Sum("steps"), samples=Sum("samples"), bytes_up=Sum("bytes_up"),
         bytes_down=Sum("bytes_down"),
     )  # fmt: skip
     turn = job.current_turn
+    full = turn is not None and sees_participant_in_full(actor, turn.hospital_id)
     return {
         "id": job.pk,
         "state": job.state,
         "state_changed_at": job.state_changed_at,
         "rounds": job.rounds,
         "round": job.current_round,
-        "turn": None
-        if turn is None
-        else {
-            "id": turn.pk,
-            "position": turn.position,
-            "attempt": turn.attempt,
-            "status": turn.status,
-            "hospital": turn.hospital.slug,
-            "steps": turn.steps,
-            "samples": turn.samples,
-            "bytes_up": turn.bytes_up,
-            "bytes_down": turn.bytes_down,
-        },
+        "turn": None if turn is None else _status_turn(turn, full=full),
         "hospital": turn.hospital.slug if turn is not None else None,
         "totals": {name: value or 0 for name, value in totals.items()},
-        "last_loss": turn.last_loss if turn is not None else None,
+        "last_loss": turn.last_loss if full else None,
     }
+
+
+def _status_turn(turn: Turn, *, full: bool) -> dict[str, Any]:
+    shown: dict[str, Any] = {
+        "id": turn.pk,
+        "position": turn.position,
+        "attempt": turn.attempt,
+        "status": turn.status,
+        "hospital": turn.hospital.slug,
+        "samples": turn.samples,
+    }
+    if full:
+        shown.update(steps=turn.steps, bytes_up=turn.bytes_up, bytes_down=turn.bytes_down)
+    return shown
 
 
 def job_turns(*, job: Job) -> QuerySet[Turn]:
@@ -143,14 +159,19 @@ def job_turns(*, job: Job) -> QuerySet[Turn]:
 
 
 def job_metrics(
-    *, job: Job, turn_id: int | None = None, since: datetime | None = None
+    *, actor: Actor, job: Job, turn_id: int | None = None, since: datetime | None = None
 ) -> QuerySet[MetricPoint]:
     """A job's metric points in time order, of one turn and after ``since`` if given.
+
+    A hospital admin gets the points of their own hospital's turns only (per-step losses
+    are part of what only that hospital sees: :mod:`kernel.permissions`).
 
     Raises:
         InvalidInput: ``turn_id`` is not a turn of this job.
     """
     points = MetricPoint.objects.filter(job=job)
+    if not _sees_all(actor):
+        points = points.filter(turn__hospital_id=getattr(actor.hospital, "pk", None))
     if turn_id is not None:
         if not Turn.objects.filter(job=job, pk=turn_id).exists():
             raise InvalidInput(

@@ -6,8 +6,12 @@ of its reasons, so a form can show every problem at once. Syntax (types, ranges,
 fields) is checked by a DRF serializer; meaning (the model exists, the cuts exist and fit
 the participants' reported data, the optimizers are valid...) by medsplit itself.
 
-Building a model and tracing it costs up to a second (DenseNet121), so the results are
-cached per (model, parameters, input shape, cuts) with small LRU caches.
+Building a model and tracing it costs seconds (DenseNet121: about 2 s at 1x64x64, 3.5 s
+at 1x512x512, 25 s and +0.8 GB at 1x1448x1448), so the results are cached per (model,
+parameters, input shape, cuts) with small LRU caches, and the cut table any signed-in
+person may ask for (:func:`model_cut_table`) is bounded in size
+(:data:`CUT_TABLE_MAX_SIDE`, :data:`CUT_TABLE_MAX_VALUES`) and cached in the cache every
+process shares.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+from django.core.cache import cache
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 from torch import nn
 
 from hospitals.models import Hospital
-from kernel.errors import InvalidInput, NotFound
+from kernel.errors import InvalidInput, NotFound, TooManyRequests
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
 from medsplit.errors import ConfigError, CutError, UnknownModelError
@@ -39,6 +44,25 @@ from training.models import OnFailure, optimizer_json
 #: Largest input one sample may have when the coordinator traces a model for it.
 MAX_INPUT_VALUES = 2**21
 MAX_PARTICIPANTS = 64
+
+#: Bounds of the input shapes ``GET /api/models/{name}/cuts/`` traces a model at: any
+#: signed-in person may ask, and the cost grows with the shape. The cuts are the same at
+#: every size (only the crossing shapes scale), so these leave room for real images
+#: (3x224x224, 1x512x512, 1x64x64x64) and refuse what costs tens of seconds.
+CUT_TABLE_MAX_SIDE = 512
+CUT_TABLE_MAX_VALUES = 2**18
+CUT_TABLE_MAX_CHANNELS = 64
+#: How long a cut table stays in the shared cache; a new model version means a new key.
+CUT_TABLE_CACHE_SECONDS = 24 * 3600
+#: How long a request waits for another cut table being worked out in its process.
+CUT_TABLE_WAIT_SECONDS = 10.0
+
+
+class InputTooLarge(InvalidInput):
+    """An input shape beyond what the cut table is worked out for; the message names the
+    limit that was passed."""
+
+    code = "input_too_large"
 
 
 class ParticipantInput(serializers.Serializer):
@@ -346,6 +370,13 @@ def _check_participants(
                 "only enrolled hospitals with a running agent can take part",
             )
             ok = False
+        elif hospital.data_problem:
+            errors.add(
+                "participants",
+                f"hospital {slug!r}'s agent is running but reports a problem with its data: "
+                f"{hospital.data_problem[:300]}; it must be fixed at the hospital first",
+            )
+            ok = False
         elif not hospital.dataset_summary:
             errors.add(
                 "participants",
@@ -513,8 +544,16 @@ def _cut_table_cached(
     name: str, spatial_dims: int, in_channels: int, num_classes: int, shape: tuple[int, ...]
 ) -> tuple[tuple[CutInfo, ...], str | None]:
     """The cut table at ``shape``, or the reason the model does not run on it."""
+    with _TRACE_LOCK:
+        return _cut_table_traced(name, spatial_dims, in_channels, num_classes, shape)
+
+
+def _cut_table_traced(
+    name: str, spatial_dims: int, in_channels: int, num_classes: int, shape: tuple[int, ...]
+) -> tuple[tuple[CutInfo, ...], str | None]:
+    """:func:`_cut_table_cached`'s work, with ``_TRACE_LOCK`` held by the caller."""
     try:
-        with _TRACE_LOCK, torch.no_grad():
+        with torch.no_grad():
             model = _model(name, spatial_dims, in_channels, num_classes)
             return tuple(cut_table(model, torch.zeros(2, *shape))), None
     except (CutError, ConfigError) as e:
@@ -541,41 +580,84 @@ def _split_error(
 
 
 def parse_input_shape(raw: str | None) -> tuple[int, ...]:
-    """``"1,28,28"`` as a shape; InvalidInput naming ``input_shape`` otherwise."""
+    """``"1,28,28"`` as a shape, within the cut table's bounds.
+
+    Raises:
+        InvalidInput: not channels,height,width[,depth] as positive integers.
+        InputTooLarge: a side, the channels or the values in all beyond the bounds
+            (:data:`CUT_TABLE_MAX_SIDE`, :data:`CUT_TABLE_MAX_CHANNELS`,
+            :data:`CUT_TABLE_MAX_VALUES`); the message names the one passed.
+    """
     try:
         shape = tuple(int(part) for part in (raw or "").split(","))
     except ValueError:
         shape = ()
-    if _as_shape(list(shape)) is None:
+    if len(shape) not in (3, 4) or any(d < 1 for d in shape):
         raise InvalidInput(
             "input_shape is not a usable shape",
             details={
                 "input_shape": [
                     "give channels,height,width (or channels,height,width,depth) as positive "
-                    f"integers, at most {MAX_INPUT_VALUES} values in all; got {raw!r}"
+                    f"integers; got {raw!r}"
                 ]
             },
+        )
+    problems = []
+    if shape[0] > CUT_TABLE_MAX_CHANNELS:
+        problems.append(f"at most {CUT_TABLE_MAX_CHANNELS} channels, got {shape[0]}")
+    if max(shape[1:]) > CUT_TABLE_MAX_SIDE:
+        problems.append(
+            f"each side at most {CUT_TABLE_MAX_SIDE}, got {'x'.join(map(str, shape[1:]))}"
+        )
+    if math.prod(shape) > CUT_TABLE_MAX_VALUES:
+        problems.append(
+            f"at most {CUT_TABLE_MAX_VALUES} values per sample (channels x sides), "
+            f"got {math.prod(shape)}"
+        )
+    if problems:
+        raise InputTooLarge(
+            f"input_shape {list(shape)} is larger than the cut table is worked out for: "
+            f"{'; '.join(problems)}. The cuts are the same at every size; ask at a smaller "
+            "shape and scale the crossing sizes",
+            details={"input_shape": problems},
         )
     return shape
 
 
 def model_cut_table(*, model_name: str, input_shape: tuple[int, ...]) -> list[dict[str, Any]]:
-    """The cut table of a registry model at ``input_shape`` as JSON rows.
+    """The cut table of a registry model at ``input_shape`` as JSON rows, from the cache
+    every process shares when any process worked it out before.
 
     Raises:
         NotFound: no such model.
         InvalidInput: the model does not run on inputs of that shape.
+        TooManyRequests: this process is working out another cut table and did not
+            finish within :data:`CUT_TABLE_WAIT_SECONDS`.
     """
     try:
         spec = get_model_spec(model_name)
     except UnknownModelError as e:
         raise NotFound(str(e)) from None
-    rows, problem = _cut_table_cached(
-        spec.name, len(input_shape) - 1, input_shape[0], 2, tuple(input_shape)
-    )
-    if problem is not None:
+    shape = tuple(input_shape)
+    key = f"cut-table:{spec.name}:{','.join(map(str, shape))}"
+    cached = cache.get(key)
+    if cached is None:
+        # One trace at a time per process (_TRACE_LOCK); a request that cannot have it
+        # soon is answered rather than holding a thread for as long as others queue.
+        if not _TRACE_LOCK.acquire(timeout=CUT_TABLE_WAIT_SECONDS):
+            raise TooManyRequests(
+                "the coordinator is working out other cut tables: try again in a few seconds",
+                retry_after=5,
+            )
+        try:
+            rows, problem = _cut_table_traced(spec.name, len(shape) - 1, shape[0], 2, shape)
+        finally:
+            _TRACE_LOCK.release()
+        cached = {"rows": [row.to_json() for row in rows], "problem": problem}
+        cache.set(key, cached, timeout=CUT_TABLE_CACHE_SECONDS)
+    if cached["problem"] is not None:
         raise InvalidInput(
-            f"{spec.name} does not run on inputs of shape {list(input_shape)}",
-            details={"input_shape": [problem]},
+            f"{spec.name} does not run on inputs of shape {list(shape)}",
+            details={"input_shape": [cached["problem"]]},
         )
-    return [row.to_json() for row in rows]
+    return cached["rows"]

@@ -21,6 +21,7 @@ SERVICES = {
     "postgres",
     "redis",
     "coordinator",
+    "proxy",
     "worker",
     "scheduler",
     "agent-1",
@@ -34,6 +35,7 @@ def project(tmp_path: Path) -> Path:
     """The compose file with env files made from the examples, as an operator would."""
     shutil.copy(COMPOSE, tmp_path / "docker-compose.yml")
     (tmp_path / "deploy").mkdir()
+    shutil.copy(REPO / "deploy" / "nginx.conf", tmp_path / "deploy" / "nginx.conf")
     for example in (REPO / "deploy").glob("*.env.example"):
         text = re.sub(r"=$", "=not-a-real-secret-0123456789", example.read_text(), flags=re.M)
         (tmp_path / "deploy" / example.name.removesuffix(".example")).write_text(text)
@@ -58,7 +60,7 @@ def test_the_compose_file_is_valid_and_has_every_service(project: Path) -> None:
     assert checked.returncode == 0, checked.stderr
     config = yaml.safe_load(checked.stdout)
     assert set(config["services"]) == SERVICES
-    for name in ("postgres", "redis", "coordinator", "agent-1", "agent-2", "agent-3"):
+    for name in ("postgres", "redis", "coordinator", "proxy", "agent-1", "agent-2", "agent-3"):
         assert "healthcheck" in config["services"][name], name
     for name in ("agent-1", "agent-2", "agent-3"):
         volumes = [str(v) for v in config["services"][name]["volumes"]]
@@ -66,6 +68,27 @@ def test_the_compose_file_is_valid_and_has_every_service(project: Path) -> None:
     redis = config["services"]["redis"]
     assert redis["command"] == ["sh", "/usr/local/lib/medsplit/redis-start.sh"]
     assert any(str(v).endswith("/data") or "relay-users" in str(v) for v in redis["volumes"])
+
+
+def test_the_coordinator_is_reached_through_the_proxy_only(project: Path) -> None:
+    """It trusts one proxy's X-Forwarded-For, so nothing else may reach its gunicorn:
+    only the proxy publishes a port, and agents are not on the coordinator's network."""
+    checked = compose(project, "config")
+    assert checked.returncode == 0, checked.stderr
+    services = yaml.safe_load(checked.stdout)["services"]
+    coordinator, proxy = services["coordinator"], services["proxy"]
+    assert "ports" not in coordinator
+    assert [str(p["published"]) for p in proxy["ports"]] == ["8000"]
+    env = coordinator["environment"]
+    assert env["MEDSPLIT_TRUSTED_PROXIES"] == "1"
+    assert env["MEDSPLIT_CACHE_URL"].startswith("redis://")
+    assert any("deploy/nginx.conf" in str(v) for v in proxy["volumes"])
+    assert "X-Forwarded-For $remote_addr;" in (REPO / "deploy" / "nginx.conf").read_text()
+    for name in ("agent-1", "agent-2", "agent-3"):
+        agent = services[name]
+        assert agent["environment"]["MEDSPLIT_AGENT_COORDINATOR_URL"] == "http://proxy:8000"
+        assert set(agent["networks"]) == {"edge"}
+    assert "edge" not in coordinator["networks"] and "edge" not in services["postgres"]["networks"]
 
 
 def test_a_missing_secret_is_refused_by_name(project: Path) -> None:

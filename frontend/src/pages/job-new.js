@@ -405,6 +405,7 @@ export async function render(root) {
   // -- input shape and cut table -----------------------------------------------------
   let shapeKey = "";
   let cutRows = [];
+  let cutNote = ""; // why the table is not at the participants' shape, if it is not
   const selectedCuts = { vanilla: [], ushaped: [] };
   let cutRequest = 0;
   const cutCache = new Map();
@@ -446,6 +447,12 @@ export async function render(root) {
       if (!answer) {
         answer = await api(`models/${encodeURIComponent(spec.name)}/cuts/`, {
           query: { input_shape: shape ? shape.join(",") : undefined },
+        }).catch(async (error) => {
+          // Beyond the sizes the coordinator traces for anyone: the cuts are the same at
+          // every size, so show them at the model's own shape and say so.
+          if (error.code !== "input_too_large") throw error;
+          const table = await api(`models/${encodeURIComponent(spec.name)}/cuts/`);
+          return { ...table, note: `${error.message} Shown at [${table.input_shape.join(", ")}].` };
         });
         cutCache.set(key, answer);
       }
@@ -462,6 +469,7 @@ export async function render(root) {
     if (ask !== cutRequest) return;
     cutTableBox.setAttribute("aria-busy", "false");
     cutRows = answer.cuts || [];
+    cutNote = answer.note || "";
     const names = new Set(cutRows.map((r) => r.name));
     // Keep choices that still exist; otherwise start from the model's defaults.
     selectedCuts.vanilla = selectedCuts.vanilla.filter((c) => names.has(c));
@@ -543,10 +551,11 @@ export async function render(root) {
       );
     });
     cutTableBox.replaceChildren(
+      cutNote ? el("p", { class: "help warn" }, cutNote) : "",
       el(
         "table",
         {},
-        el("caption", { class: "muted" }, `Cut table of ${model.value} at ${shapeOut.textContent}`),
+        el("caption", { class: "muted" }, `Cut table of ${model.value} at ${cutNote ? "its own shape" : shapeOut.textContent}`),
         el("thead", {}, head),
         el("tbody", {}, body),
       ),

@@ -33,6 +33,11 @@ const RATE_WINDOW_S = 60;
 
 const whole = new Intl.NumberFormat();
 const fixed = (n, digits = 4) => (n === null || n === undefined ? "–" : Number(n).toFixed(digits));
+// Of another hospital's turns a hospital admin gets the place, state and sample count
+// only (platform/kernel/permissions.py): every other field may be absent.
+const known = (n) => typeof n === "number";
+const count = (n) => (known(n) ? whole.format(n) : "–");
+const bytesOf = (t) => (known(t.bytes_up) ? `${bytes(t.bytes_up)} / ${bytes(t.bytes_down)}` : "–");
 
 function optimizerText(config) {
   if (!config || !Object.keys(config).length) return "default";
@@ -183,7 +188,7 @@ export async function render(root, [id], session) {
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
     title,
     head,
-    controls,
+    controls || "", // append(null) would show "null"
     stats,
     el("h2", {}, "Charts"),
     charts,
@@ -436,7 +441,7 @@ export async function render(root, [id], session) {
         turn.attempt > 1 ? `, attempt ${turn.attempt}` : "",
         " · ",
         badge(turn.status),
-        ` · ${whole.format(turn.steps)} steps`,
+        known(turn.steps) ? ` · ${whole.format(turn.steps)} steps` : ` · ${count(turn.samples)} samples`,
       );
     } else {
       sTurn.value.textContent = "–";
@@ -447,7 +452,7 @@ export async function render(root, [id], session) {
     sSteps.value.textContent = String(totals.steps); // a bare number: tests read it
     sSteps.sub.textContent = `${whole.format(totals.samples)} samples`;
     sBytes.value.textContent = `${bytes(totals.bytes_up)} / ${bytes(totals.bytes_down)}`;
-    sBytes.sub.textContent = "over every turn so far";
+    sBytes.sub.textContent = session.me?.role === "hospital_admin" ? "over your hospital's turns so far" : "over every turn so far";
 
     const running = state === "running";
     const currentPoints = turn ? pointsByTurn.get(turn.id) : null;
@@ -470,7 +475,7 @@ export async function render(root, [id], session) {
       const done = new Set(
         turns.filter((t) => t.status === "completed" || t.status === "skipped").map((t) => `${t.round}:${t.position}`),
       );
-      const inFlight = turn && turn.status === "running" && !done.has(`${round}:${turn.position}`) ? turn.steps : 0;
+      const inFlight = turn && turn.status === "running" && !done.has(`${round}:${turn.position}`) ? turn.steps ?? 0 : 0;
       const remaining = Math.max(0, (places - done.size) * job.max_steps_per_turn - inFlight);
       if (remaining === 0) {
         left = "0 s";
@@ -498,9 +503,9 @@ export async function render(root, [id], session) {
           { label: "Hospital", value: (t) => el("a", { href: `#/hospitals/${t.hospital}` }, hospitalName(t.hospital)) },
           { label: "Attempt", value: (t) => t.attempt },
           { label: "Status", value: (t) => badge(t.status) },
-          { label: "Steps", value: (t) => whole.format(t.steps) },
-          { label: "Samples", value: (t) => whole.format(t.samples) },
-          { label: "Bytes up / down", value: (t) => `${bytes(t.bytes_up)} / ${bytes(t.bytes_down)}` },
+          { label: "Steps", value: (t) => count(t.steps) },
+          { label: "Samples", value: (t) => count(t.samples) },
+          { label: "Bytes up / down", value: bytesOf },
           { label: "Validation", value: (t) => metricsText(t.metrics) },
           { label: "Failure reason", value: (t) => t.failure_reason || "" },
         ],

@@ -19,6 +19,7 @@ from accounts.api.serializers import (
     SignInSerializer,
 )
 from kernel.actors import Role, actor_from_request
+from kernel.api.csrf import require_csrf
 from kernel.api.errors_schema import error
 from kernel.api.throttling import ScopedThrottle
 from kernel.permissions import require_consortium_admin, require_person
@@ -32,13 +33,22 @@ NOT_FOUND = {404: error("no such person, or not one you may see")}
 
 
 class SignInView(APIView):
-    """Username and password for a session cookie. No CSRF check here (there is no
-    session yet to protect); every other call made with the session needs X-CSRFToken."""
+    """Username and password for a session cookie.
+
+    Checked like every session write: Django's CSRF cookie and ``X-CSRFToken`` (the
+    dashboard gets the cookie with its page), so no other site can sign a browser in
+    (login CSRF). Throttled per client address, and slowed per username and address
+    after failures (``accounts.sign_in_delay``); agents never use it.
+    """
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
     throttle_classes = [ScopedThrottle]
     throttle_scope = "sign_in"
+
+    def throttled(self, request: Request, wait: float | None) -> None:
+        services.sign_in_throttled(request=request, wait=wait)
+        super().throttled(request, wait)
 
     @extend_schema(
         operation_id="auth_sign_in",
@@ -46,11 +56,15 @@ class SignInView(APIView):
         responses={
             200: MeSerializer,
             400: error("invalid input, or invalid_credentials"),
-            429: error("too many attempts; see Retry-After"),
+            403: error("csrf_failed: no CSRF cookie and token of this coordinator's pages"),
+            429: error(
+                "too many attempts from this address, or for this username from it; see Retry-After"
+            ),
         },
         auth=[],
     )
     def post(self, request: Request) -> Response:
+        require_csrf(request, what="signing in")
         serializer = SignInSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         user = services.person_sign_in(request=request, **serializer.validated_data)

@@ -26,12 +26,18 @@ def sign_in(client: APIClient, username: str, password: str = PASSWORD, **extra)
     return client.post("/api/auth/sign-in/", {"username": username, "password": password}, **extra)
 
 
+def csrf_token(client: APIClient) -> str:
+    """The token the dashboard's page hands out with its csrftoken cookie."""
+    client.get("/")
+    return client.cookies["csrftoken"].value
+
+
 # -- signing in and out ------------------------------------------------------------------
 
 
 def test_sign_in_starts_a_session_and_is_audited(hospital_admin) -> None:
-    client = APIClient(enforce_csrf_checks=True)  # no CSRF token needed to sign in
-    response = sign_in(client, "hal", REMOTE_ADDR="10.1.2.3")
+    client = APIClient(enforce_csrf_checks=True)
+    response = sign_in(client, "hal", REMOTE_ADDR="10.1.2.3", HTTP_X_CSRFTOKEN=csrf_token(client))
     assert response.status_code == 200, response.content
     assert response.json() == {"username": "hal", "role": "hospital_admin", "hospital": "st-marys"}
     assert client.get("/api/auth/me/").json()["username"] == "hal"
@@ -53,7 +59,7 @@ def test_a_failed_sign_in_is_400_and_audited_without_the_password(
     assert_error(response, 400, "invalid_credentials")
     assert_not_authenticated(client.get("/api/auth/me/"))
     event = AuditEvent.objects.get(action="auth.sign_in_failed")
-    assert event.details == {"username": username}
+    assert event.details == {"username": username, "failures": 1, "next_attempt_after": 0}
     assert event.source_ip == "10.9.9.9"
     assert password not in str(AuditEvent.objects.values())
 
@@ -100,7 +106,7 @@ def test_sign_out_ends_the_session(hospital_admin) -> None:
 
 def test_sign_out_needs_the_csrf_token(hospital_admin) -> None:
     client = APIClient(enforce_csrf_checks=True)
-    assert sign_in(client, "hal").status_code == 200
+    assert sign_in(client, "hal", HTTP_X_CSRFTOKEN=csrf_token(client)).status_code == 200
     assert_error(client.post("/api/auth/sign-out/"), 403, "permission_denied")
     assert client.get("/api/auth/me/").status_code == 200  # still signed in
     token = client.cookies["csrftoken"].value

@@ -1,0 +1,83 @@
+"""Who may hold a thread waiting: the agents' long-polls for their assignments.
+
+A long-poll holds one of gunicorn's threads for up to 30 s. Two limits keep them from
+taking every thread, so that people's requests (and agents' other calls) always find one:
+
+- **one waiting long-poll per agent token**, across every process (a slot in the shared
+  cache): a second one at the same time is refused with 429, since an agent has one
+  polling loop and twenty polls at once can only be an attack or a bug;
+- **at most ``LONG_POLLS_PER_PROCESS`` waiting in each process**: beyond it, a poll is
+  answered at once with what the agent would get at the end of its wait if nothing
+  changed ("no change", the ETag it sent), and the agent polls again a little later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.core.cache import cache
+
+from kernel.errors import TooManyRequests
+
+#: Extra seconds a token's slot outlives the longest wait: a request killed mid-wait
+#: frees its slot then, at the latest.
+_SLOT_SLACK_SECONDS = 30
+
+
+class LongPollBusy(TooManyRequests):
+    """This agent token already has a long-poll waiting."""
+
+
+class _WaitingRoom:
+    """The long-polls waiting in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    def enter(self, limit: int) -> bool:
+        with self._lock:
+            if self._waiting >= limit:
+                return False
+            self._waiting += 1
+            return True
+
+    def leave(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+
+WAITING_ROOM = _WaitingRoom()
+
+
+@contextmanager
+def long_poll(*, token_id: object, wait: float) -> Iterator[float]:
+    """Hold the slots of a long-poll of up to ``wait`` seconds by the agent token
+    ``token_id``; yields the seconds it may actually wait (0: answer at once).
+
+    Raises:
+        LongPollBusy: the token has another long-poll waiting (429).
+    """
+    if wait <= 0:
+        yield 0.0
+        return
+    slot = f"long-poll:token:{token_id}"
+    if not cache.add(slot, 1, timeout=int(wait) + _SLOT_SLACK_SECONDS):
+        raise LongPollBusy(
+            "this agent token already has a long-poll waiting: poll again once it has "
+            "been answered (one agent polls in one loop)",
+            retry_after=max(1, int(wait)),
+        )
+    try:
+        if not WAITING_ROOM.enter(settings.MEDSPLIT["LONG_POLLS_PER_PROCESS"]):
+            yield 0.0  # every waiting thread of this process is taken: "no change"
+            return
+        try:
+            yield wait
+        finally:
+            WAITING_ROOM.leave()
+    finally:
+        cache.delete(slot)
