@@ -17,8 +17,9 @@ validation batches at the end of the turn and the metrics. Each channel is wrapp
 counter that records every payload it sends (its length, and its frame decoded: kind and
 tensor sizes) and every payload it receives (the totals must match). After its turn the
 hospital hands its state on as the agent does (``TurnTaker.hand_on`` in ``hospital_agent``): the
-safetensors bytes of ``export_parties``, sealed (``medsplit.protocol.sealing``, X25519 +
-AES-GCM) for every other participant and left on the relay with ``SET``; the next
+safetensors bytes of ``export_parties``, sealed (``medsplit.protocol.sealing``: HPKE
+ML-KEM-768 + X25519 to a per-job key, ML-DSA-65 signed) for every other participant and
+left on the relay with ``SET``; the next
 hospital ``GET``s and unseals the one sealed for it. The blob sizes are counted.
 
 Data: the hospitals' shares of the MedMNIST ``.npz`` files in ``../shared/data``
@@ -246,6 +247,9 @@ class NoHooks:
     def finish(self, metrics: object, progress: object) -> None:
         pass
 
+    def resumed(self, step: int, reason: str) -> None:
+        pass
+
 
 def handoff_parts(state: bytes, parties: dict[str, Any]) -> dict[str, int]:
     """The bytes of a hand-off's plaintext by role: parameters, buffers, optimizer state,
@@ -281,9 +285,10 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
     from medsplit.models import get_model_spec
     from medsplit.modes import Mode
     from medsplit.protocol.handoff import export_parties
+    from medsplit.protocol.keys import RecipientKey, SignedRecipientKey, generate_identity_key
     from medsplit.protocol.layouts import client_segments
     from medsplit.protocol.optim import OptimizerConfig
-    from medsplit.protocol.sealing import SealContext, generate_private_key, seal, unseal
+    from medsplit.protocol.sealing import SealContext, seal, unseal
     from medsplit.training.config import TrainingConfig
     from medsplit.training.setup import JobModel, client_parties, server_party
     from medsplit.turns import (
@@ -316,7 +321,14 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
     names = [f"h{i}" for i in range(args.hospitals)]
     trains = shard(train, args.hospitals, seed=0)
     vals = shard(val, args.hospitals, seed=0)
-    keys = {name: generate_private_key() for name in names}
+    identities = {name: generate_identity_key() for name in names}
+    job_keys = {name: RecipientKey.generate() for name in names}
+    published = {
+        name: SignedRecipientKey.sign(
+            job=job, hospital=name, key=job_keys[name].public(), identity=identities[name]
+        )
+        for name in names
+    }
     tally = Tally()
     server = server_party(split, config)
     relay = redis.Redis.from_url(args.redis_url)
@@ -335,8 +347,8 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
                     context = SealContext(job, sent_round, sender, name)
                     state = unseal(
                         blob,
-                        recipient=keys[name],
-                        sender=keys[sender].public_key(),
+                        recipient=job_keys[name],
+                        sender=identities[sender].public_key(),
                         context=context,
                     )
                 ids = TurnIds(job, round_, position, config.mode, config.codec)
@@ -397,8 +409,9 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
                     context = SealContext(job, round_, name, other)
                     blob = seal(
                         state,
-                        sender=keys[name],
-                        recipient=keys[other].public_key(),
+                        sender=identities[name],
+                        recipient=published[other],
+                        recipient_identity=identities[other].public_key(),
                         context=context,
                     )
                     key = RelayKeys().mail(job, sender=name, recipient=other)

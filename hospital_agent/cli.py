@@ -1,4 +1,5 @@
-"""``medsplit-agent``: run the agent, or check its configuration and data offline."""
+"""``medsplit-agent``: run the agent, check its configuration and data offline, or show
+its status (identity and pinned fingerprints) offline."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hospital_agent import __version__
 from hospital_agent.config import AgentConfig, add_config_flags, config_flags, load_config
 from hospital_agent.data import DataProblem, check_data
 from hospital_agent.service import EXIT_CONFIG, Agent
+from hospital_agent.status import render, status_lines
 from medsplit.errors import ConfigError
 
 
@@ -28,9 +30,10 @@ def parser() -> argparse.ArgumentParser:
         "command",
         nargs="?",
         default="run",
-        choices=["run", "check"],
+        choices=["run", "check", "status"],
         help="run (default): take part in jobs; check: validate the configuration "
-        "and the data without contacting anyone",
+        "and the data without contacting anyone; status: this agent's hospital, identity "
+        "fingerprint and the fingerprints it pinned for its peers, from its work directory",
     )
     p.add_argument("--config", metavar="FILE", help="a TOML file; its keys are listed below")
     p.add_argument(
@@ -58,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.command == "check":
         return check(config)
+    if args.command == "status":
+        return status(config)
     return Agent(config).run()
 
 
@@ -70,6 +75,17 @@ def check(config: AgentConfig) -> int:
         return EXIT_CONFIG
     print(f"configuration OK (coordinator {config.coordinator_url}, work dir {config.work_dir})")
     print(json.dumps(summary.to_json(), indent=2))
+    return 0
+
+
+def status(config: AgentConfig) -> int:
+    """Print the agent's status lines (offline: only its work directory is read)."""
+    try:
+        lines = status_lines(config)
+    except ConfigError as e:
+        print(f"medsplit-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(render(lines))
     return 0
 
 

@@ -8,13 +8,14 @@ import logging
 import threading
 
 import redis
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, MLDSA65PublicKey
 
 from hospital_agent.identity import Credentials
 from medsplit.channel import RelayKeys
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import ChannelError, MedSplitError
-from medsplit.protocol.sealing import SealContext, public_key_from_b64, seal, unseal
+from medsplit.protocol.keys import RecipientKey, SignedRecipientKey
+from medsplit.protocol.sealing import SealContext, seal, unseal
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +58,28 @@ class Relay:
         keys: RelayKeys,
         job: str,
         state: bytes,
-        key: X25519PrivateKey,
+        identity: MLDSA65PrivateKey,
         recipient: str,
-        recipient_public_key: str,
+        recipient_key: SignedRecipientKey,
+        recipient_identity: MLDSA65PublicKey,
         context: SealContext,
     ) -> tuple[str, int]:
-        """Seal ``state`` for ``recipient`` and leave it on the relay, under ``keys``' mail
-        key for ``job`` (the job's name, ``job-N``).
+        """Seal ``state`` for ``recipient`` (to its published per-job key, which must be
+        signed by its pinned ``recipient_identity``) and leave it on the relay, under
+        ``keys``' mail key for ``job`` (the job's name, ``job-N``).
 
         Returns:
             The SHA-256 and size of the blob (what the coordinator records).
+
+        Raises:
+            SealError: the recipient key is not signed by ``recipient_identity``.
         """
         blob = seal(
-            state, sender=key, recipient=public_key_from_b64(recipient_public_key), context=context
+            state,
+            sender=identity,
+            recipient=recipient_key,
+            recipient_identity=recipient_identity,
+            context=context,
         )
         name = keys.mail(job, sender=self.credentials.hospital, recipient=recipient)
         client = self._client()
@@ -88,20 +98,23 @@ class Relay:
         *,
         keys: RelayKeys,
         job: str,
-        key: X25519PrivateKey,
+        key: RecipientKey,
         sender: str,
-        sender_public_key: str,
+        sender_identity: MLDSA65PublicKey,
         context: SealContext,
         expected_sha256: str | None,
         wait: float,
         stopping: threading.Event,
     ) -> bytes:
-        """Fetch the blob ``sender`` sealed for this hospital and open it; waits up to
-        ``wait`` seconds for it to appear (the sender seals just after its turn ends).
+        """Fetch the blob ``sender`` sealed for this hospital and open it with this
+        agent's per-job ``key``, checking it is signed by ``sender``'s pinned identity;
+        waits up to ``wait`` seconds for it to appear (the sender seals just after its turn
+        ends).
 
         Raises:
             HandoffMissing: it did not appear in time.
-            SealError: it is not what was sealed for this place (tampered, replayed).
+            SealError: it is not what was sealed for this place (tampered, replayed, not
+                signed by ``sender_identity``).
         """
         name = keys.mail(job, sender=sender, recipient=self.credentials.hospital)
         client = self._client()
@@ -131,6 +144,4 @@ class Relay:
                 f"the blob from {sender} on the relay is not the one the coordinator recorded "
                 "(a newer or an altered one): refusing it"
             )
-        return unseal(
-            blob, recipient=key, sender=public_key_from_b64(sender_public_key), context=context
-        )
+        return unseal(blob, recipient=key, sender=sender_identity, context=context)

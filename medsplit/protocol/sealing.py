@@ -1,75 +1,73 @@
-"""Sealing a hospital's hand-off for the next hospital, so that only ciphertext crosses the relay.
+"""Sealing a hospital's hand-off for another hospital, so that only ciphertext crosses the relay.
 
-After its turn a hospital hands its training state to the next hospital through the relay;
-the coordinator and the relay must only ever see ciphertext. Each agent has a static X25519
-key pair generated locally (the private key never leaves it) and learns the other agents'
-public keys from the coordinator.
+After its turn a hospital hands its training state to the other participants through the
+relay; the coordinator and the relay must only ever see ciphertext, and must not be able to
+read it later either: medical data stays sensitive for decades. So each blob is
 
-A blob is sealed with a key only the two parties can derive:
+* encrypted with HPKE (RFC 9180) in base mode, suite ``MLKEM768_X25519`` / HKDF-SHA256 /
+  AES-256-GCM, to the recipient's **per-job** key (:class:`medsplit.protocol.keys.RecipientKey`),
+  which the recipient deletes once the job has ended: a key stolen afterwards opens no
+  recorded blob, and a quantum computer must break ML-KEM-768 as well as X25519;
+* signed with the sender's ML-DSA-65 **identity** key over every byte before the signature,
+  so the recipient knows which hospital sealed it (HPKE's base mode alone says nothing
+  about the sender).
 
-* X25519 between the sender's static private key and the recipient's static public key
-  (this also authenticates the sender: nobody else can derive the same secret);
-* HKDF-SHA256 of that secret with a random 32-byte salt per blob and an ``info`` made of
-  the protocol label, both public keys and the canonical :class:`SealContext`;
-* AES-256-GCM with a random 12-byte nonce, the canonical context as associated data.
+The sender seals only to a recipient key signed by the recipient's pinned identity key
+(:class:`~medsplit.protocol.keys.SignedRecipientKey`); the recipient opens only a blob
+signed by the sender's pinned identity key. A coordinator that hands out keys of its own
+is refused on both sides.
 
 Layout of a sealed blob (integers big-endian)::
 
-    offset    size   field
-    0         8      magic  b"MSPLSEAL"
-    8         1      format version (1)
-    9         2      header length H
-    11        H      header: the canonical context the sender sealed for (ASCII JSON)
-    11+H      32     HKDF salt
-    43+H      12     AES-GCM nonce
-    55+H      n+16   ciphertext of the n plaintext bytes, then the 16-byte GCM tag
+    offset      size    field
+    0           8       magic  b"MSPLSEAL"
+    8           1       format version (2)
+    9           2       header length H
+    11          H       header: the canonical context the sender sealed for (ASCII JSON)
+    11+H        32      SHA-256 of the recipient public key it was sealed to
+    43+H        32      the sender's identity fingerprint (SHA-256 of its public key)
+    75+H        1120    HPKE encapsulated key (ML-KEM-768 ciphertext, X25519 share)
+    1195+H      n+16    AES-256-GCM ciphertext of the n plaintext bytes, then the tag
+    end-3309    3309    ML-DSA-65 signature (context ``medsplit/seal/v2``) of the
+                        SHA-256 of every byte before it
 
-The header is not trusted. It only lets :func:`unseal` say *why* a blob does not fit (for
-example a blob replayed from an earlier round); the context the receiver expects is what
-goes into the key derivation and the associated data, so changing any byte of the header,
-salt, nonce or ciphertext makes authentication fail.
+Everything before the encapsulated key (the *prefix*) is also the HPKE ``info``, which the
+recipient builds from what it expects, so it is bound into the key schedule as well as
+signed. The header is not trusted: it lets :func:`unseal` say *why* a blob does not fit (a
+blob replayed from an earlier round, say). Callers build the expected context from what
+they know (the job, round and parties the coordinator scheduled), never from the blob.
 
-Because static-static X25519 gives A and B the same secret in both directions, it is the
-sender and recipient names in the context that keep a blob from A to B from being passed
-off as one from B to A: callers must build the expected context from what they know (the
-job, round and parties the coordinator scheduled), never from the blob.
+Format version 1 was static-static X25519 + HKDF + AES-GCM; it is no longer written or read.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import hashlib
 import json
-import os
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, MLDSA65PublicKey
 
 from medsplit.errors import SealError
+from medsplit.protocol.keys import (
+    SIGNATURE_BYTES,
+    RecipientKey,
+    SignedRecipientKey,
+    fingerprint,
+    format_fingerprint,
+)
 
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "MAX_PLAINTEXT_BYTES",
+    "OVERHEAD_BYTES",
     "PURPOSES",
     "SealContext",
-    "generate_private_key",
-    "private_key_from_bytes",
-    "private_key_to_bytes",
-    "public_key_b64",
-    "public_key_from_b64",
     "seal",
     "unseal",
 ]
@@ -77,16 +75,21 @@ __all__ = [
 MAGIC = b"MSPLSEAL"
 """The first bytes of every sealed blob."""
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """The blob format this module writes and reads."""
+
+LEGACY_VERSION = 1
+"""Static X25519 keys (MedSplit before per-job keys): recognised only to say so."""
 
 PURPOSES = frozenset({"handoff", "final"})
 """``handoff``: state passed to the next hospital; ``final``: the weights every participant
 receives at the end of a job."""
 
-KEY_BYTES = 32
-SALT_BYTES = 32
-NONCE_BYTES = 12
+SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
+"""The HPKE suite of every blob."""
+
+ENC_BYTES = hpke.KEM.MLKEM768_X25519.enc_length()
+DIGEST_BYTES = 32
 TAG_BYTES = 16
 MAX_FIELD_CHARS = 256
 """The longest job id, sender or recipient name a context accepts."""
@@ -95,9 +98,11 @@ MAX_FIELD_CHARS = 256
 MAX_PLAINTEXT_BYTES = 2**31 - 1 - TAG_BYTES
 """The largest plaintext :func:`seal` accepts (just under 2 GiB)."""
 
-_LABEL = b"medsplit/seal/v1"
+SIGNING_CONTEXT = b"medsplit/seal/v2"
 _LENGTH_BYTES = 2
 _PREFIX_BYTES = len(MAGIC) + 1 + _LENGTH_BYTES
+OVERHEAD_BYTES = _PREFIX_BYTES + 2 * DIGEST_BYTES + ENC_BYTES + TAG_BYTES + SIGNATURE_BYTES
+"""A blob's size beyond its plaintext and its header (4,520 bytes)."""
 _MAX_ROUND = 2**63 - 1
 _FIELDS = ("job", "round", "sender", "recipient", "purpose")
 
@@ -142,111 +147,57 @@ class SealContext:
 
     def canonical_bytes(self) -> bytes:
         """The context as compact JSON with sorted keys and ASCII escapes: one encoding per
-        context, used as the AEAD associated data, in the HKDF info and as the blob header."""
+        context, used as the blob header, in the HPKE info and under the signature."""
         return _canonical(self._as_dict())
 
     def _as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FIELDS}
 
 
-def generate_private_key() -> X25519PrivateKey:
-    """A fresh X25519 private key, for an agent to create once and keep to itself."""
-    return X25519PrivateKey.generate()
-
-
-def private_key_to_bytes(key: X25519PrivateKey) -> bytes:
-    """The raw 32 bytes of a private key, for the agent to store locally (never to send)."""
-    if not isinstance(key, X25519PrivateKey):
-        raise TypeError(f"expected an X25519PrivateKey, got {type(key).__name__}")
-    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-
-
-def private_key_from_bytes(raw: bytes) -> X25519PrivateKey:
-    """A private key from the raw 32 bytes :func:`private_key_to_bytes` gave.
-
-    Raises:
-        SealError: ``raw`` is not 32 bytes.
-    """
-    if not isinstance(raw, bytes | bytearray | memoryview):
-        raise TypeError(f"expected the private key as bytes, got {type(raw).__name__}")
-    raw = bytes(raw)
-    if len(raw) != KEY_BYTES:
-        raise SealError(
-            f"an X25519 private key has {KEY_BYTES} bytes, this one has {len(raw)}: "
-            "is the key file complete, and is it this agent's key file?"
-        )
-    return X25519PrivateKey.from_private_bytes(raw)
-
-
-def public_key_b64(key: X25519PrivateKey | X25519PublicKey) -> str:
-    """The standard base64 of the raw 32-byte public key (of a private key's pair, if given
-    a private key): what an agent sends at enrolment."""
-    if isinstance(key, X25519PrivateKey):
-        key = key.public_key()
-    if not isinstance(key, X25519PublicKey):
-        raise TypeError(f"expected an X25519 private or public key, got {type(key).__name__}")
-    return base64.b64encode(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
-
-
-def public_key_from_b64(text: str) -> X25519PublicKey:
-    """The public key whose standard base64 :func:`public_key_b64` gave.
-
-    Raises:
-        SealError: the text is not base64, does not decode to 32 bytes, or is a
-            small-order point (such as all zeros) that would make every key predictable.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"expected the public key as base64 text, got {type(text).__name__}")
-    if len(text) > 64:
-        raise SealError(
-            f"an X25519 public key is 44 characters of base64, this text has {len(text)}"
-        )
-    try:
-        raw = base64.b64decode(text.strip().encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError):
-        raise SealError(
-            "the public key is not valid standard base64: check that it was copied whole"
-        ) from None
-    if len(raw) != KEY_BYTES:
-        raise SealError(
-            f"an X25519 public key has {KEY_BYTES} bytes, this base64 decodes to {len(raw)}"
-        )
-    key = X25519PublicKey.from_public_bytes(raw)
-    try:
-        X25519PrivateKey.generate().exchange(key)
-    except ValueError:
-        raise SealError(
-            "not a usable X25519 public key (a small-order point such as all zeros)"
-        ) from None
-    return key
-
-
 def seal(
     plaintext: bytes,
     *,
-    sender: X25519PrivateKey,
-    recipient: X25519PublicKey,
+    sender: MLDSA65PrivateKey,
+    recipient: SignedRecipientKey,
+    recipient_identity: MLDSA65PublicKey,
     context: SealContext,
 ) -> bytes:
-    """Encrypt ``plaintext`` so that only ``recipient`` can read it, and can tell it came
-    from ``sender`` for ``context``.
+    """Encrypt ``plaintext`` so that only the holder of ``recipient``'s private key can read
+    it, and sign it so that it can tell it came from ``sender`` for ``context``.
 
     Args:
         plaintext: the bytes to seal (bytes-like), up to :data:`MAX_PLAINTEXT_BYTES`.
-        sender: the sealing agent's own private key.
-        recipient: the recipient agent's public key, as the coordinator gave it.
+        sender: the sealing agent's own identity key.
+        recipient: the recipient's per-job key as published, with its signature.
+        recipient_identity: the recipient's identity key as this agent pinned it; the
+            recipient key must be signed by it for ``context``'s job and recipient.
         context: the job, round, parties and purpose this blob is for.
 
     Returns:
-        The sealed blob (see the module docstring for its layout); it is
-        ``len(plaintext) + 71`` bytes plus the length of the canonical context.
+        The sealed blob (see the module docstring for its layout): ``len(plaintext)`` +
+        :data:`OVERHEAD_BYTES` + the length of the canonical context.
 
     Raises:
-        SealError: the plaintext is too large, or the recipient's key is a small-order
-            point.
+        SealError: the recipient key is unsigned, not signed by ``recipient_identity``, or
+            published for another job or hospital than ``context`` names; the plaintext is
+            too large.
     """
-    _check_keys(sender, X25519PrivateKey, recipient, X25519PublicKey)
+    if not isinstance(sender, MLDSA65PrivateKey):
+        raise TypeError(
+            f"expected an MLDSA65PrivateKey for this agent, got {type(sender).__name__}"
+        )
+    if not isinstance(recipient, SignedRecipientKey):
+        raise TypeError(
+            f"expected a SignedRecipientKey for the other hospital, got {type(recipient).__name__}"
+        )
     _check_context(context)
+    if (recipient.job, recipient.hospital) != (context.job, context.recipient):
+        raise SealError(
+            f"the recipient key was published by {_show(recipient.hospital)} for "
+            f"{_show(recipient.job)}, but this blob is for {_show(context.recipient)} in "
+            f"{_show(context.job)}: refusing to seal to it"
+        )
+    key = recipient.verify(recipient_identity)
     if not isinstance(plaintext, bytes | bytearray | memoryview):
         raise TypeError(f"expected the plaintext as bytes, got {type(plaintext).__name__}")
     size = memoryview(plaintext).nbytes
@@ -255,29 +206,30 @@ def seal(
             f"cannot seal {size} bytes in one blob, at most {MAX_PLAINTEXT_BYTES}: "
             "split the state into several blobs"
         )
-    header = context.canonical_bytes()
-    salt = os.urandom(SALT_BYTES)
-    nonce = os.urandom(NONCE_BYTES)
-    key = _derive_key(sender, recipient, sender.public_key(), recipient, salt, header)
-    ciphertext = AESGCM(key).encrypt(nonce, plaintext, header)
-    prefix = MAGIC + bytes([FORMAT_VERSION]) + len(header).to_bytes(_LENGTH_BYTES, "big")
-    return b"".join((prefix, header, salt, nonce, ciphertext))
+    prefix = _prefix(context, bytes.fromhex(key.sha256()), bytes.fromhex(fingerprint(sender)))
+    sealed = SUITE.encrypt(plaintext, key.hpke(), info=prefix)  # enc, then ciphertext and tag
+    digest = hashlib.sha256(prefix)
+    digest.update(sealed)
+    # The signature covers a SHA-256 of the blob, not the blob: ML-DSA would hash hundreds
+    # of megabytes with SHAKE256 twice, several times slower, for no more assurance.
+    signature = sender.sign(digest.digest(), SIGNING_CONTEXT)
+    return b"".join((prefix, sealed, signature))
 
 
 def unseal(
     blob: bytes,
     *,
-    recipient: X25519PrivateKey,
-    sender: X25519PublicKey,
+    recipient: RecipientKey,
+    sender: MLDSA65PublicKey,
     context: SealContext,
 ) -> bytes:
-    """Decrypt a blob :func:`seal` made, checking it is from ``sender`` and for ``context``.
+    """Open a blob :func:`seal` made, checking it is signed by ``sender`` for ``context``.
 
     Args:
         blob: the sealed bytes as received from the relay (bytes-like).
-        recipient: this agent's own private key.
-        sender: the public key of the hospital the blob should come from, as the
-            coordinator gave it.
+        recipient: this agent's own per-job key for the job.
+        sender: the identity key of the hospital the blob should come from, as this agent
+            pinned it.
         context: what this agent expects the blob to be for, built from its own knowledge
             of the job (never from the blob).
 
@@ -287,10 +239,15 @@ def unseal(
     Raises:
         SealError: the bytes are not a sealed blob, have an unsupported format version, are
             truncated, were sealed for another context (replayed or misplaced: the message
-            names the fields that differ), or fail authentication (altered, or not sealed
-            with these keys).
+            names the fields that differ), to another key of this hospital, by another
+            identity than ``sender``'s, or fail authentication (altered, or forged).
     """
-    _check_keys(recipient, X25519PrivateKey, sender, X25519PublicKey)
+    if not isinstance(recipient, RecipientKey):
+        raise TypeError(f"expected a RecipientKey for this agent, got {type(recipient).__name__}")
+    if not isinstance(sender, MLDSA65PublicKey):
+        raise TypeError(
+            f"expected an MLDSA65PublicKey for the other hospital, got {type(sender).__name__}"
+        )
     _check_context(context)
     if not isinstance(blob, bytes | bytearray | memoryview):
         raise TypeError(f"expected the sealed blob as bytes, got {type(blob).__name__}")
@@ -305,6 +262,12 @@ def unseal(
     if size < _PREFIX_BYTES:
         raise _truncated(size, _PREFIX_BYTES)
     version = view[len(MAGIC)]
+    if version == LEGACY_VERSION:
+        raise SealError(
+            "this blob was sealed with the static X25519 keys of earlier MedSplit releases "
+            "(format version 1), which this agent no longer opens: hand-offs are sealed to "
+            "per-job keys now (format 2). Run the job again once every agent is upgraded."
+        )
     if version != FORMAT_VERSION:
         raise SealError(
             f"sealed blob has format version {version}, this MedSplit reads version "
@@ -312,53 +275,69 @@ def unseal(
         )
     header_size = int.from_bytes(view[len(MAGIC) + 1 : _PREFIX_BYTES], "big")
     body = _PREFIX_BYTES + header_size
-    minimum = body + SALT_BYTES + NONCE_BYTES + TAG_BYTES
+    minimum = body + 2 * DIGEST_BYTES + ENC_BYTES + TAG_BYTES + SIGNATURE_BYTES
     if size < minimum:
         raise _truncated(size, minimum)
-    expected = context.canonical_bytes()
     header = bytes(view[_PREFIX_BYTES:body])
-    if header != expected:
+    if header != context.canonical_bytes():
         raise _mismatch(header, context)
-    salt = bytes(view[body : body + SALT_BYTES])
-    nonce = bytes(view[body + SALT_BYTES : body + SALT_BYTES + NONCE_BYTES])
-    key = _derive_key(recipient, sender, sender, recipient.public_key(), salt, expected)
+    own = recipient.public().sha256()
+    sealed_to = bytes(view[body : body + DIGEST_BYTES]).hex()
+    if sealed_to != own:
+        raise SealError(
+            f"this blob from {_show(context.sender)} was sealed to another recipient key "
+            f"(sha256 {sealed_to[:16]}...) than this agent's key for {_show(context.job)} "
+            f"(sha256 {own[:16]}...): the sender was given a swapped or stale key for "
+            f"{_show(context.recipient)}. Do not load it; ask the sender to hand off again."
+        )
+    signer = bytes(view[body + DIGEST_BYTES : body + 2 * DIGEST_BYTES]).hex()
+    pinned = fingerprint(sender)
+    if signer != pinned:
+        raise SealError(
+            f"this blob claims to come from {_show(context.sender)} but names the identity "
+            f"{format_fingerprint(signer)}, not the one pinned for {_show(context.sender)} "
+            f"({format_fingerprint(pinned)}): a third party sealed it, or the identity "
+            "changed without a re-enrolment. Do not load it."
+        )
+    signed = view[: size - SIGNATURE_BYTES]
     try:
-        return AESGCM(key).decrypt(nonce, view[body + SALT_BYTES + NONCE_BYTES :], expected)
+        sender.verify(
+            bytes(view[size - SIGNATURE_BYTES :]),
+            hashlib.sha256(signed).digest(),
+            SIGNING_CONTEXT,
+        )
+    except InvalidSignature:
+        raise _failed(context, "its signature does not verify") from None
+    prefix = _prefix(context, bytes.fromhex(own), bytes.fromhex(pinned))
+    try:
+        return SUITE.decrypt(signed[len(prefix) :], recipient.hpke(), info=prefix)
     except InvalidTag:
-        raise SealError(
-            f"sealed {context.purpose} blob for round {context.round} of job "
-            f"{_show(context.job)} failed authentication: either it was altered on the way "
-            f"(in the relay or in transit), or it was not sealed by {_show(context.sender)} "
-            "for this agent's key (wrong sender public key, or this agent's private key is "
-            "not the one enrolled). Do not load it; ask the sender to hand off again."
-        ) from None
+        raise _failed(context, "it does not decrypt with this agent's key") from None
 
 
-def _derive_key(
-    own: X25519PrivateKey,
-    peer: X25519PublicKey,
-    sender_public: X25519PublicKey,
-    recipient_public: X25519PublicKey,
-    salt: bytes,
-    context: bytes,
-) -> bytes:
-    """The AES-256 key of one blob, from this agent's private key ``own`` and the other
-    party's public key ``peer``; the info names both public keys, sender's first."""
-    try:
-        shared = own.exchange(peer)
-    except ValueError:
-        raise SealError(
-            "the other party's public key is not usable (a small-order point such as all "
-            "zeros): check the key the coordinator holds for that hospital"
-        ) from None
-    info = b"".join(
-        (_LABEL, b"\x00", _raw_public(sender_public), _raw_public(recipient_public), context)
+def _prefix(context: SealContext, recipient_sha256: bytes, sender_fingerprint: bytes) -> bytes:
+    """Everything before the HPKE encapsulation: what the HPKE info binds and both sides
+    build from what they know."""
+    header = context.canonical_bytes()
+    return b"".join(
+        (
+            MAGIC,
+            bytes([FORMAT_VERSION]),
+            len(header).to_bytes(_LENGTH_BYTES, "big"),
+            header,
+            recipient_sha256,
+            sender_fingerprint,
+        )
     )
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(shared)
 
 
-def _raw_public(key: X25519PublicKey) -> bytes:
-    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+def _failed(context: SealContext, why: str) -> SealError:
+    return SealError(
+        f"sealed {context.purpose} blob for round {context.round} of job "
+        f"{_show(context.job)} failed authentication ({why}): either it was altered on the "
+        f"way (in the relay or in transit), or it was not sealed by {_show(context.sender)} "
+        "for this agent's key. Do not load it; ask the sender to hand off again."
+    )
 
 
 def _canonical(fields: dict[str, Any]) -> bytes:
@@ -379,15 +358,6 @@ def _check_text(name: str, value: object) -> None:
     if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
         raise SealError(
             f"context {name} {_show(value)} holds control characters or lone surrogates"
-        )
-
-
-def _check_keys(own: object, own_type: type, peer: object, peer_type: type) -> None:
-    if not isinstance(own, own_type):
-        raise TypeError(f"expected an {own_type.__name__} for this agent, got {type(own).__name__}")
-    if not isinstance(peer, peer_type):
-        raise TypeError(
-            f"expected an {peer_type.__name__} for the other hospital, got {type(peer).__name__}"
         )
 
 

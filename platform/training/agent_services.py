@@ -1,5 +1,6 @@
-"""What a hospital's agent reports about its own turns: the hand-offs it sealed, and a
-failed precondition (its data cannot be used) that ends its turn before training.
+"""What a hospital's agent reports about its own jobs and turns: its per-job recipient key,
+the hand-offs it sealed, and a failed precondition (its data cannot be used) that ends its
+turn before training.
 
 Each checks that the turn is the calling agent's own, then calls
 :mod:`training.services`; the agent's report is audited under the agent's name.
@@ -8,15 +9,19 @@ Each checks that the turn is the calling agent's own, then calls
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 
 from audit.services import audit_record
 from hospitals.models import Hospital
 from kernel.actors import Actor
 from kernel.errors import Conflict, InvalidInput, NotFound
 from kernel.permissions import require_agent
+from medsplit.errors import SealError
+from medsplit.protocol.keys import SignedRecipientKey, identity_public_from_b64
 from training.dispatch import job_changed_on_commit
-from training.models import HandOff, Turn
+from training.models import HandOff, Job, JobParticipant, Turn
 from training.services import handoff_record, turn_fail
+from training.states import TERMINAL
 
 _MAX_REASON = 2000
 
@@ -26,6 +31,91 @@ def _own_turn(actor: Actor, job_id: int, turn_id: int) -> Turn:
     if turn is None or turn.hospital_id != actor.hospital.pk:
         raise NotFound(f"no turn {turn_id} of yours in job {job_id}")
     return turn
+
+
+def agent_recipient_key_publish(
+    *, actor: Actor, job_id: int, key: str, signature: str
+) -> JobParticipant:
+    """The calling agent publishes its hospital's per-job recipient key for ``job_id``,
+    signed with its identity key. The coordinator checks the signature against the
+    identity key it pinned for the hospital (so a hospital can only publish keys it holds
+    the identity for), keeps the key with the generation that signed it, and audits it.
+    Publishing the key already held changes nothing; another key replaces it (an agent
+    that lost its work directory and re-enrolled).
+
+    Raises:
+        PermissionDenied: not an agent.
+        NotFound: the agent's hospital does not take part in the job.
+        Conflict: the job has ended, or the hospital has no identity key yet.
+        InvalidInput: the key or signature is malformed, or does not verify.
+    """
+    require_agent(actor, "publish a recipient key")
+    with transaction.atomic():
+        hospital = Hospital.objects.select_for_update().get(pk=actor.hospital.pk)
+        participant = (
+            JobParticipant.objects.select_for_update()
+            .select_related("job")
+            .filter(job_id=job_id, hospital=hospital)
+            .first()
+        )
+        if participant is None:
+            raise NotFound(f"no job {job_id} of yours")
+        job: Job = participant.job
+        if job.state in TERMINAL:
+            raise Conflict(
+                f"job {job_id} is {job.state}: it needs no recipient key any more",
+                details={"state": job.state},
+            )
+        if not hospital.identity_key:
+            raise Conflict(
+                "this hospital has no identity key yet: the agent moves to one first "
+                "(POST /api/agent/identity/)"
+            )
+        try:
+            signed = SignedRecipientKey.from_json(
+                job=f"job-{job_id}",
+                hospital=hospital.slug,
+                data={"key": key, "signature": signature},
+            )
+            signed.verify(identity_public_from_b64(hospital.identity_key))
+        except (SealError, TypeError) as e:
+            raise InvalidInput(
+                "the recipient key is not valid", details={"key": [str(e)]}
+            ) from None
+        digest = signed.key.sha256()
+        if (
+            participant.recipient_key_sha256 == digest
+            and participant.recipient_key_generation == hospital.identity_generation
+        ):
+            return participant
+        replaced = participant.recipient_key_sha256 or None
+        participant.recipient_key = signed.key.b64()
+        participant.recipient_key_signature = signature
+        participant.recipient_key_sha256 = digest
+        participant.recipient_key_generation = hospital.identity_generation
+        participant.recipient_key_published_at = timezone.now()
+        participant.save(
+            update_fields=[
+                "recipient_key",
+                "recipient_key_signature",
+                "recipient_key_sha256",
+                "recipient_key_generation",
+                "recipient_key_published_at",
+            ]
+        )
+        audit_record(
+            actor=actor,
+            action="recipient_key.published",
+            target=f"job:{job_id}",
+            hospital=hospital.slug,
+            job_id=job_id,
+            details={
+                "sha256": digest,
+                "replaced_sha256": replaced,
+                "identity_generation": hospital.identity_generation,
+            },
+        )
+    return participant
 
 
 def agent_handoff_record(

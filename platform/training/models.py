@@ -58,6 +58,12 @@ class Job(models.Model):
         max_length=16, choices=JobState.choices, default=JobState.DRAFT, db_index=True
     )
     state_reason = models.TextField(blank=True)
+    # When state_reason tells one hospital's failure (its turn's reason), that hospital,
+    # and what every other participant sees instead (kernel.permissions: least privilege).
+    state_reason_hospital = models.ForeignKey(
+        "hospitals.Hospital", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    state_reason_shared = models.TextField(blank=True)
     state_changed_at = models.DateTimeField()
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -124,6 +130,16 @@ class JobParticipant(models.Model):
     position = models.PositiveSmallIntegerField()
     # Vertical mode (later): which features of the shared patients this party holds.
     feature_set = models.CharField(max_length=64, blank=True)
+    # The hospital's per-job HPKE recipient key (ML-KEM-768 + X25519, 1,216 bytes, base64)
+    # and its ML-DSA-65 signature by the hospital's identity key (3,309 bytes, base64), as
+    # its agent published them; the private key never leaves the agent, which deletes it
+    # once the job has ended. ``recipient_key_generation`` is the identity generation that
+    # signed it: a key signed by an identity replaced since is not handed out.
+    recipient_key = models.TextField(blank=True)
+    recipient_key_signature = models.TextField(blank=True)
+    recipient_key_sha256 = models.CharField(max_length=64, blank=True)
+    recipient_key_generation = models.PositiveIntegerField(default=0)
+    recipient_key_published_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["position"]
@@ -239,11 +255,12 @@ class HandOff(models.Model):
     """Metadata of the weights a hospital handed on after a turn, to one recipient.
 
     After each completed turn the hospital seals its weights for every other participant
-    (X25519 + AES-GCM, one blob each), so whoever takes the next turn, even after a
-    skipped hospital, and every participant at the end of the job, can read them. Only
-    the size and the SHA-256 of each ciphertext are kept; the blobs travel through the
-    relay and neither they nor anything in clear is ever stored here. The hash lets the
-    recipient and an auditor check that what arrived is what was sent.
+    (HPKE to each one's per-job key, signed with its identity key, one blob each), so
+    whoever takes the next turn, even after a skipped hospital, and every participant at
+    the end of the job, can read them. Only the size and the SHA-256 of each ciphertext
+    are kept; the blobs travel through the relay and neither they nor anything in clear is
+    ever stored here. The hash lets the recipient and an auditor check that what arrived
+    is what was sent.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="handoffs")

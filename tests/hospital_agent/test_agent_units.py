@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -20,14 +21,24 @@ from hospital_agent.coordinator import Backoff, Coordinator, CoordinatorUnreacha
 from hospital_agent.identity import (
     Credentials,
     load_credentials,
-    load_or_create_key,
+    load_or_create_identity,
     save_credentials,
 )
+from hospital_agent.job_keys import JobKeys
+from hospital_agent.pins import PeerKeyRefused, Pins
 from hospital_agent.relay import HandoffMissing, Relay
 from hospital_agent.snapshots import FileSnapshots
 from hospital_agent.turns import Assignment
 from medsplit.errors import ConfigError, SealError
-from medsplit.protocol.sealing import SealContext, generate_private_key, public_key_b64
+from medsplit.protocol.keys import (
+    RecipientKey,
+    SignedRecipientKey,
+    fingerprint,
+    format_fingerprint,
+    generate_identity_key,
+    identity_public_b64,
+)
+from medsplit.protocol.sealing import SealContext
 from tests.redis_server import session_keys
 
 
@@ -40,18 +51,24 @@ def test_check_validates_offline_and_prints_the_summary(tmp_path: Path, capsys) 
     assert "none" in capsys.readouterr().err
 
 
-def test_the_private_key_and_credentials_are_kept_for_this_user_only(tmp_path: Path) -> None:
-    key = load_or_create_key(tmp_path)
-    assert (tmp_path / "agent.key").stat().st_mode & 0o777 == 0o600
-    assert public_key_b64(load_or_create_key(tmp_path)) == public_key_b64(key), "reused"
-    credentials = Credentials("h", "msa_x", "redis://relay:6379/0", "hospital-h", "pw")
+def test_the_identity_key_and_credentials_are_kept_for_this_user_only(tmp_path: Path) -> None:
+    key = load_or_create_identity(tmp_path)
+    assert (tmp_path / "identity.key").stat().st_mode & 0o777 == 0o600
+    assert fingerprint(load_or_create_identity(tmp_path)) == fingerprint(key), "reused"
+    credentials = Credentials("h", "msa_x", "redis://relay:6379/0", "hospital-h", "pw", 1)
     save_credentials(tmp_path, credentials)
     assert (tmp_path / "credentials.json").stat().st_mode & 0o777 == 0o600
     assert load_credentials(tmp_path) == credentials
     assert credentials.relay() == "redis://hospital-h:pw@relay:6379/0"
-    os.chmod(tmp_path / "agent.key", 0o644)
+    # Credentials of an agent enrolled before identity keys: generation 0.
+    (tmp_path / "credentials.json").write_text(
+        '{"hospital": "h", "token": "t", "relay_url": "redis://r", "relay_username": "u", '
+        '"relay_password": "p"}'
+    )
+    assert load_credentials(tmp_path).identity_generation == 0
+    os.chmod(tmp_path / "identity.key", 0o644)
     with pytest.raises(ConfigError, match="may be read by other users"):
-        load_or_create_key(tmp_path)
+        load_or_create_identity(tmp_path)
 
 
 def test_snapshots_on_disk_keep_the_start_and_the_two_newest(tmp_path: Path) -> None:
@@ -97,35 +114,41 @@ def relays(redis_url: str):
 
 
 def test_a_hand_off_opens_only_for_its_recipient_and_its_place(relays) -> None:
-    a_key, b_key = generate_private_key(), generate_private_key()
+    a_identity, b_identity = generate_identity_key(), generate_identity_key()
+    b_key = RecipientKey.generate()
     job = f"test-{uuid.uuid4().hex[:6]}"
     a, b = relays("a"), relays("b")
     context = SealContext(job=job, round=1, sender="a", recipient="b")
     keys = session_keys()
+    published = SignedRecipientKey.sign(
+        job=job, hospital="b", key=b_key.public(), identity=b_identity
+    )
     digest, size = a.put_handoff(
-        keys=keys, job=job, state=b"weights", key=a_key, recipient="b",
-        recipient_public_key=public_key_b64(b_key), context=context,
+        keys=keys, job=job, state=b"weights", identity=a_identity, recipient="b",
+        recipient_key=published, recipient_identity=b_identity.public_key(), context=context,
     )  # fmt: skip
     stop = threading.Event()
+    sender = a_identity.public_key()
     taken = b.take_handoff(
-        keys=keys, job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+        keys=keys, job=job, key=b_key, sender="a", sender_identity=sender,
         context=context, expected_sha256=digest, wait=1, stopping=stop,
     )  # fmt: skip
     assert taken == b"weights" and size > len(b"weights")
     replayed = SealContext(job=job, round=2, sender="a", recipient="b")
     with pytest.raises(SealError, match="round"):
         b.take_handoff(
-            keys=keys, job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+            keys=keys, job=job, key=b_key, sender="a", sender_identity=sender,
             context=replayed, expected_sha256=digest, wait=0, stopping=stop,
         )  # fmt: skip
     with pytest.raises(HandoffMissing, match="not the one the coordinator recorded"):
         b.take_handoff(
-            keys=keys, job=job, key=b_key, sender="a", sender_public_key=public_key_b64(a_key),
+            keys=keys, job=job, key=b_key, sender="a", sender_identity=sender,
             context=context, expected_sha256="0" * 64, wait=0, stopping=stop,
         )  # fmt: skip
     with pytest.raises(HandoffMissing, match="not on the relay"):
         a.take_handoff(
-            keys=keys, job=job, key=a_key, sender="b", sender_public_key=public_key_b64(b_key),
+            keys=keys, job=job, key=RecipientKey.generate(), sender="b",
+            sender_identity=b_identity.public_key(),
             context=context, expected_sha256=None, wait=0, stopping=stop,
         )  # fmt: skip
 
@@ -176,7 +199,7 @@ def test_a_throttled_call_waits_as_long_as_the_coordinator_asks_then_goes_throug
         # Backoff alone would retry after 0.05 s; Retry-After says 1 s.
         coordinator = Coordinator(url, backoff=Backoff(first=0.05, longest=0.1, give_up_after=10))
         with caplog.at_level(logging.WARNING):
-            assert coordinator.enrol(code="msc_x", public_key="k") == {"hospital": "h"}
+            assert coordinator.enrol(code="msc_x", identity_key="k") == {"hospital": "h"}
         first, second, third = _Throttling.calls
         assert second - first >= 0.95 and third - second >= 0.95
         assert caplog.text.count("asks this agent to slow down (429)") == 2
@@ -212,3 +235,56 @@ def test_a_refused_server_frame_is_reported_and_a_revoked_token_still_stops_the_
     revoked = Coordinator(TokenRefused(401, "unauthorized", "revoked"))
     with pytest.raises(TokenRefused):
         report_refusal(revoked, job=4, turn_id=9, refusal=refusal)  # type: ignore[arg-type]
+
+
+def _participant(slug: str, key, generation: int = 1) -> dict:
+    return {
+        "hospital": slug,
+        "identity_key": identity_public_b64(key),
+        "identity_fingerprint": fingerprint(key),
+        "identity_generation": generation,
+        "identity_enrolled_at": "2026-12-01T10:00:00Z",
+    }
+
+
+def test_a_peer_is_pinned_at_first_sight_and_only_a_re_enrolment_changes_it(
+    tmp_path: Path, caplog
+) -> None:
+    pins, first, second = Pins(tmp_path), generate_identity_key(), generate_identity_key()
+    assert fingerprint(pins.identity(_participant("b", first))) == fingerprint(first)
+    assert (tmp_path / "peers.json").stat().st_mode & 0o777 == 0o600
+    assert pins.identity(_participant("b", first)) == first.public_key()
+    for generation in (1, 0):  # the same generation, or one set back: no re-enrolment
+        with pytest.raises(PeerKeyRefused, match="no re-enrolment to show for it"):
+            pins.identity(_participant("b", second, generation))
+    stated = {**_participant("b", first), "identity_fingerprint": "0" * 64}
+    with pytest.raises(PeerKeyRefused, match="states the fingerprint"):
+        pins.identity(stated)
+    with pytest.raises(PeerKeyRefused, match="has no identity key yet"):
+        pins.identity({"hospital": "c", "identity_key": ""})
+    with caplog.at_level(logging.WARNING):
+        assert pins.identity(_participant("b", second, 2)) == second.public_key()
+    assert "IDENTITY CHANGED: b re-enrolled (generation 1 -> 2" in caplog.text
+    assert pins.all()["b"].fingerprint == fingerprint(second)
+    (tmp_path / "peers.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="damaged"):
+        pins.identity(_participant("b", second, 2))
+
+
+def test_status_works_offline_and_makes_no_key(tmp_path: Path, capsys) -> None:
+    args = [
+        "status", "--coordinator-url", "https://nowhere.invalid", "--work-dir", str(tmp_path),
+        "--data-kind", "synthetic", "--data-samples", "30",
+    ]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "(not enrolled yet)" in out and "none yet" in out and "https://nowhere.invalid" in out
+    assert not (tmp_path / "identity.key").exists()
+    identity = load_or_create_identity(tmp_path)
+    JobKeys(tmp_path).load_or_create(7)
+    assert (tmp_path / "jobs" / "job-7" / "recipient.key").stat().st_mode & 0o777 == 0o600
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert format_fingerprint(fingerprint(identity)) in out
+    assert re.search(r"per-job keys:\s+job-7", out)
+    assert JobKeys(tmp_path).forget(7) and JobKeys(tmp_path).held() == []

@@ -47,7 +47,7 @@ export async function render(root, params) {
       current = hospital;
       title.textContent = hospital.name;
       swap(detailsBox, details(hospital));
-      swap(datasetBox, dataset(hospital.dataset_summary));
+      swap(datasetBox, dataset(hospital.dataset_summary, hospital.data_problem));
       if (admin) swap(actionsBox, ...actionButtons(hospital));
       if (tokens) swap(tokensBox, tokenTable(tokens));
       if (jobs) swap(jobsBox, jobTable(jobs, slug));
@@ -181,9 +181,34 @@ function details(h) {
     ["Approved", when(h.approved_at)],
     ["Enrolled", when(h.enrolled_at)],
     ["Contact", h.contact_email ? el("a", { href: `mailto:${h.contact_email}` }, h.contact_email) : "–"],
-    ["Agent public key", h.public_key ? el("code", { style: "word-break: break-all" }, h.public_key) : "–"],
+    ["Identity fingerprint", identity(h)],
+    ["Identity generation", h.identity_generation ? String(h.identity_generation) : "–"],
+    ["Identity enrolled", when(h.identity_enrolled_at)],
   ];
+  if (h.legacy_public_key && !h.identity_fingerprint) {
+    rows.push(["Legacy X25519 key", el("code", { style: "word-break: break-all" }, h.legacy_public_key)]);
+  }
   return keyValues(rows);
+}
+
+// The fingerprint in 16 groups of four hex digits, exactly as `medsplit-agent status` prints
+// it at the hospital: administrators compare the two out of band (on the phone, say).
+function fingerprintText(hex) {
+  return (hex.match(/.{1,4}/g) || []).join(" ");
+}
+
+function identity(h) {
+  if (!h.identity_fingerprint) {
+    const why = h.legacy_public_key
+      ? "none yet: its agent moves from its X25519 key at its next start"
+      : "none yet: no agent has enrolled";
+    return el("span", { class: "muted", "data-testid": "identity-fingerprint" }, why);
+  }
+  return el(
+    "code",
+    { "data-testid": "identity-fingerprint", title: "SHA-256 of the agent's ML-DSA-65 identity key" },
+    fingerprintText(h.identity_fingerprint),
+  );
 }
 
 function keyValues(rows) {
@@ -198,8 +223,20 @@ function keyValues(rows) {
   );
 }
 
-function dataset(summary) {
-  if (!summary) return el("p", { class: "muted" }, "The agent has not reported a dataset yet.");
+function dataset(summary, problem) {
+  if (problem) {
+    // The agent runs, but its data cannot be used: say what its check found (files and
+    // checks only; no summary is shown as if it were valid).
+    return el(
+      "div",
+      { role: "alert", "data-testid": "data-problem" },
+      el("p", {}, badge("data problem", "error"), " The agent is running, but its local data cannot be used:"),
+      el("pre", { class: "problem" }, problem),
+    );
+  }
+  if (!summary || !Object.keys(summary).length) {
+    return el("p", { class: "muted" }, "The agent has not reported a dataset yet.");
+  }
   const counts = summary.label_counts || {};
   const labels = Object.keys(counts);
   const numeric = labels.every((l) => /^\d+$/.test(l));

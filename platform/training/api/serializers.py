@@ -9,10 +9,60 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from kernel.actors import Actor
+from kernel.permissions import sees_participant_in_full
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 
 
-class ParticipantSerializer(serializers.ModelSerializer):
+def _viewer(serializer: serializers.Field) -> Actor | None:
+    """The actor the answer is for (the views put it in the context)."""
+    return serializer.context.get("actor")
+
+
+def in_full(actor: Actor | None, hospital_id: object) -> bool:
+    """Whether ``actor`` sees the part of hospital ``hospital_id`` in full; without an
+    actor, nobody does (fail closed)."""
+    return actor is not None and sees_participant_in_full(actor, hospital_id)
+
+
+def visible_state_reason(job: Job, actor: Actor | None) -> str:
+    """The job's state reason, or, when it tells another hospital's failure, only which
+    turn failed (kernel.permissions: least privilege)."""
+    if job.state_reason_hospital_id is None or in_full(actor, job.state_reason_hospital_id):
+        return job.state_reason
+    return job.state_reason_shared
+
+
+class _ShownInPartToOthers:
+    """A row about one hospital's part in a job: whoever may see that part in full
+    (:func:`kernel.permissions.sees_participant_in_full`) gets every field; everyone
+    else only ``shown_to_others``, the rest left out of the answer."""
+
+    shown_to_others: tuple[str, ...] = ()
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()  # type: ignore[misc]
+        for name, field in fields.items():
+            if name not in self.shown_to_others:
+                # Output only: not read-only so that the schema marks it as optional
+                # (drf-spectacular makes every read-only field required).
+                field.read_only, field.required = False, False
+        return fields
+
+    def row_hospital_id(self, instance: object) -> object:
+        return instance.hospital_id  # type: ignore[attr-defined]
+
+    def to_representation(self, instance: object) -> dict:
+        data = super().to_representation(instance)  # type: ignore[misc]
+        if in_full(_viewer(self), self.row_hospital_id(instance)):
+            return data
+        return {name: value for name, value in data.items() if name in self.shown_to_others}
+
+
+class ParticipantSerializer(_ShownInPartToOthers, serializers.ModelSerializer):
+    """A participant; of another hospital, its name and place in the order only."""
+
+    shown_to_others = ("position", "hospital", "hospital_name")
     hospital = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     hospital_name = serializers.CharField(source="hospital.name", read_only=True)
 
@@ -63,6 +113,11 @@ class JobSerializer(serializers.ModelSerializer):
     def get_created_by(self, job: Job) -> str | None:
         return job.created_by.get_username() if job.created_by_id else None
 
+    def to_representation(self, job: Job) -> dict:
+        data = super().to_representation(job)
+        data["state_reason"] = visible_state_reason(job, _viewer(self))
+        return data
+
 
 class StatusTurnSerializer(serializers.Serializer):
     id = serializers.IntegerField()
@@ -70,10 +125,10 @@ class StatusTurnSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     status = serializers.ChoiceField(choices=Turn.Status.choices)
     hospital = serializers.CharField()
-    steps = serializers.IntegerField()
     samples = serializers.IntegerField()
-    bytes_up = serializers.IntegerField()
-    bytes_down = serializers.IntegerField()
+    steps = serializers.IntegerField(required=False, help_text="absent: another hospital's")
+    bytes_up = serializers.IntegerField(required=False, help_text="absent: another hospital's")
+    bytes_down = serializers.IntegerField(required=False, help_text="absent: another hospital's")
 
 
 class StatusTotalsSerializer(serializers.Serializer):
@@ -93,11 +148,19 @@ class JobStatusSerializer(serializers.Serializer):
     round = serializers.IntegerField(allow_null=True, help_text="index of the current round")
     turn = StatusTurnSerializer(allow_null=True, help_text="the current (or last) turn")
     hospital = serializers.CharField(allow_null=True, help_text="slug of the current turn's")
-    totals = StatusTotalsSerializer(help_text="over every turn of the job so far")
-    last_loss = serializers.FloatField(allow_null=True)
+    totals = StatusTotalsSerializer(
+        help_text="over the turns so far that you see in full: every turn, or for a "
+        "hospital admin their hospital's"
+    )
+    last_loss = serializers.FloatField(
+        allow_null=True, help_text="of the current turn; null for another hospital's"
+    )
 
 
-class TurnSerializer(serializers.ModelSerializer):
+class TurnSerializer(_ShownInPartToOthers, serializers.ModelSerializer):
+    """A turn; of another hospital's, its place, state and sample count only."""
+
+    shown_to_others = ("id", "round", "position", "attempt", "hospital", "status", "samples")
     round = serializers.IntegerField(source="round.index", read_only=True)
     hospital = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
@@ -149,17 +212,54 @@ class HandoffSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class PublishedRecipientKeySerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="ML-KEM-768 + X25519 public key, base64")
+    signature = serializers.CharField(help_text="by the hospital's identity key, base64")
+    sha256 = serializers.CharField()
+    published_at = serializers.DateTimeField()
+
+
 class AssignmentParticipantSerializer(serializers.Serializer):
     hospital = serializers.CharField(source="hospital.slug")
     position = serializers.IntegerField()
-    public_key = serializers.CharField(
-        source="hospital.public_key", help_text="its X25519 key (base64): seal hand-offs for it"
+    identity_key = serializers.CharField(
+        source="hospital.identity_key",
+        help_text="its ML-DSA-65 identity key (base64; empty before it moved to one): pin it",
     )
+    identity_fingerprint = serializers.CharField(source="hospital.identity_fingerprint")
+    identity_generation = serializers.IntegerField(
+        source="hospital.identity_generation",
+        help_text="advances with each re-enrolment under a new key (audited)",
+    )
+    identity_enrolled_at = serializers.DateTimeField(
+        source="hospital.identity_enrolled_at", allow_null=True
+    )
+    recipient_key = serializers.SerializerMethodField(
+        help_text="its per-job key for this job, signed by its identity key: seal hand-offs "
+        "to it; null until published under its current identity"
+    )
+
+    @extend_schema_field(PublishedRecipientKeySerializer(allow_null=True))
+    def get_recipient_key(self, participant: JobParticipant) -> dict | None:
+        # A key signed by an identity the hospital replaced since would be refused anyway.
+        if (
+            not participant.recipient_key
+            or participant.recipient_key_generation != participant.hospital.identity_generation
+        ):
+            return None
+        return {
+            "key": participant.recipient_key,
+            "signature": participant.recipient_key_signature,
+            "sha256": participant.recipient_key_sha256,
+            "published_at": participant.recipient_key_published_at,
+        }
 
 
 class HandoffSourceSerializer(serializers.Serializer):
     hospital = serializers.CharField(help_text="who sealed the weights to start from")
-    public_key = serializers.CharField()
+    identity_fingerprint = serializers.CharField(
+        help_text="its identity key's (the participants list holds the key)"
+    )
     round = serializers.IntegerField(help_text="the round of that turn (bound into the seal)")
     turn = serializers.IntegerField()
     ciphertext_sha256 = serializers.CharField(
@@ -222,6 +322,12 @@ class AssignmentSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    def to_representation(self, job: Job) -> dict:
+        data = super().to_representation(job)
+        # Its own failure reasons only (kernel.permissions: least privilege).
+        data["state_reason"] = visible_state_reason(job, _viewer(self))
+        return data
+
     def get_relay_prefix(self, job: Job) -> str:
         return settings.MEDSPLIT["RELAY_PREFIX"]
 
@@ -242,7 +348,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
         sealed = next((h for h in job.handoffs_to_me if h.turn_id == last.pk), None)
         return {
             "hospital": last.hospital.slug,
-            "public_key": last.hospital.public_key,
+            "identity_fingerprint": last.hospital.identity_fingerprint,
             "round": last.round.index,
             "turn": last.pk,
             "ciphertext_sha256": sealed.ciphertext_sha256 if sealed else None,

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from training.api import views
+from training.api import key_views, views
 from training.states import JobState
 
 urlpatterns = [
@@ -43,6 +43,11 @@ urlpatterns = [
         "agent/assignments/<int:job_id>/handoffs/",
         views.AgentHandoffView.as_view(),
         name="agent-handoffs",
+    ),
+    path(
+        "agent/assignments/<int:job_id>/recipient-key/",
+        key_views.AgentRecipientKeyView.as_view(),
+        name="agent-recipient-key",
     ),
     path(
         "agent/assignments/<int:job_id>/problems/",

@@ -16,11 +16,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kernel.actors import Actor, actor_from_request
+from kernel.api.errors_schema import error
 from kernel.api.strict import StrictCharField, StrictIntegerField, StrictSerializer
+from kernel.api.throttling import ScopedThrottle
 from kernel.errors import InvalidInput
 from kernel.permissions import require_agent
 from training import agent_services, selectors, services
 from training.api.filters import JobFilter
+from training.api.long_poll import long_poll
 from training.api.serializers import (
     AssignmentSerializer,
     CutTableSerializer,
@@ -34,7 +37,12 @@ from training.api.serializers import (
 )
 from training.models import Job, MetricPoint, Turn
 from training.states import JobState
-from training.validation import JobInput
+from training.validation import (
+    CUT_TABLE_MAX_CHANNELS,
+    CUT_TABLE_MAX_SIDE,
+    CUT_TABLE_MAX_VALUES,
+    JobInput,
+)
 
 
 def _actor(request: Request) -> Actor:
@@ -51,6 +59,13 @@ class _FakeViewMixin:
     def _fake(self) -> bool:
         return getattr(self, "swagger_fake_view", False)
 
+    def get_serializer_context(self) -> dict:
+        # Who the answer is for: what of each hospital's part it shows depends on it.
+        context = super().get_serializer_context()  # type: ignore[misc]
+        if not self._fake():
+            context["actor"] = _actor(self.request)  # type: ignore[attr-defined]
+        return context
+
 
 @extend_schema(tags=["models"])
 class ModelListView(APIView):
@@ -64,6 +79,12 @@ class ModelListView(APIView):
 
 @extend_schema(tags=["models"])
 class ModelCutsView(APIView):
+    """Bounded input shapes, a throttle per person, and one cache for every process: a
+    new shape costs seconds of CPU (training/validation.py)."""
+
+    throttle_classes = [ScopedThrottle]
+    throttle_scope = "cut_table"
+
     @extend_schema(
         summary="The cut table of a model at an input shape",
         parameters=[
@@ -71,10 +92,16 @@ class ModelCutsView(APIView):
                 "input_shape",
                 str,
                 required=False,
-                description="channels,height,width[,depth]; default: the model's own",
+                description="channels,height,width[,depth]; default: the model's own. At "
+                f"most {CUT_TABLE_MAX_SIDE} per side, {CUT_TABLE_MAX_CHANNELS} channels and "
+                f"{CUT_TABLE_MAX_VALUES} values in all",
             )
         ],
-        responses=CutTableSerializer,
+        responses={
+            200: CutTableSerializer,
+            400: error("invalid, or input_too_large: the message names the limit"),
+            429: error("too many cut tables asked for; see Retry-After"),
+        },
     )
     def get(self, request: Request, name: str) -> Response:
         table = selectors.registry_model_cuts(
@@ -109,15 +136,18 @@ class JobListCreateView(_FakeViewMixin, generics.ListAPIView):
         actor = _actor(request)
         job = services.job_create(actor=actor, data=request.data)
         job = selectors.job_get(actor=actor, job_id=job.pk)
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(
+            JobSerializer(job, context={"actor": actor}).data, status=status.HTTP_201_CREATED
+        )
 
 
 @extend_schema(tags=["jobs"])
 class JobDetailView(APIView):
     @extend_schema(summary="A job's configuration, state and participants", responses=JobSerializer)
     def get(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get(actor=_actor(request), job_id=job_id)
-        return Response(JobSerializer(job).data)
+        actor = _actor(request)
+        job = selectors.job_get(actor=actor, job_id=job_id)
+        return Response(JobSerializer(job, context={"actor": actor}).data)
 
 
 @extend_schema(tags=["jobs"])
@@ -157,7 +187,9 @@ class JobMetricsView(_FakeViewMixin, generics.ListAPIView):
             return MetricPoint.objects.none()
         job = selectors.job_get(actor=_actor(self.request), job_id=self.kwargs["job_id"])
         turn_id, since = _metrics_params(self.request)
-        return selectors.job_metrics(job=job, turn_id=turn_id, since=since)
+        return selectors.job_metrics(
+            actor=_actor(self.request), job=job, turn_id=turn_id, since=since
+        )
 
     @extend_schema(
         summary="A job's metric points over time",
@@ -212,7 +244,8 @@ class JobTransitionView(APIView):
         services.job_transition(
             job=job, to=self.target, actor=actor, reason=body.validated_data["reason"]
         )
-        return Response(JobSerializer(selectors.job_get(actor=actor, job_id=job_id)).data)
+        job = selectors.job_get(actor=actor, job_id=job_id)
+        return Response(JobSerializer(job, context={"actor": actor}).data)
 
 
 def transition_view(target: JobState, summary: str):
@@ -245,21 +278,32 @@ class AgentAssignmentListView(APIView):
                 "etag", OpenApiTypes.STR, description="the ETag of the answer already held"
             ),
         ],
-        responses=AssignmentSerializer(many=True),
+        responses={
+            200: AssignmentSerializer(many=True),
+            429: error("this agent token already has a long-poll waiting; see Retry-After"),
+        },
     )
     def get(self, request: Request) -> Response:
         actor = _actor(request)
+        require_agent(actor, "read assignments")
         wait = _wait_seconds(request)
         known = request.query_params.get("etag", "")
-        deadline = time.monotonic() + wait
-        while True:
-            data = AssignmentSerializer(selectors.agent_assignments(actor=actor), many=True).data
-            etag = hashlib.sha256(
-                json.dumps(data, sort_keys=True, default=str).encode()
-            ).hexdigest()[:32]
-            if etag != known or time.monotonic() >= deadline:
-                break
-            time.sleep(_POLL_SECONDS)
+        # At most one waiting poll per token, and a bounded number per process: beyond
+        # it the answer comes at once, as if nothing changed (training/api/long_poll.py).
+        with long_poll(token_id=getattr(request.auth, "pk", None), wait=wait) as granted:
+            deadline = time.monotonic() + granted
+            while True:
+                data = AssignmentSerializer(
+                    selectors.agent_assignments(actor=actor),
+                    many=True,
+                    context={"actor": actor},
+                ).data
+                etag = hashlib.sha256(
+                    json.dumps(data, sort_keys=True, default=str).encode()
+                ).hexdigest()[:32]
+                if etag != known or time.monotonic() >= deadline:
+                    break
+                time.sleep(_POLL_SECONDS)
         response = Response(data)
         response["ETag"] = etag
         return response
@@ -329,7 +373,7 @@ class AgentProblemView(APIView):
         turn = agent_services.agent_problem_report(
             actor=actor, job_id=job_id, turn_id=data["turn"], reason=data["reason"]
         )
-        return Response(TurnSerializer(turn).data)
+        return Response(TurnSerializer(turn, context={"actor": actor}).data)
 
 
 def _valid(serializer_class: type, request: Request) -> dict:
@@ -342,5 +386,6 @@ def _valid(serializer_class: type, request: Request) -> dict:
 class AgentAssignmentDetailView(APIView):
     @extend_schema(summary="One assignment of the calling agent", responses=AssignmentSerializer)
     def get(self, request: Request, job_id: int) -> Response:
-        job = selectors.agent_assignment_get(actor=_actor(request), job_id=job_id)
-        return Response(AssignmentSerializer(job).data)
+        actor = _actor(request)
+        job = selectors.agent_assignment_get(actor=actor, job_id=job_id)
+        return Response(AssignmentSerializer(job, context={"actor": actor}).data)

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import base64
-
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from django.conf import settings
 from django.test import override_settings
 
 from hospitals import services
 from hospitals.models import Hospital
 from kernel.actors import Actor
+from medsplit.protocol.keys import generate_identity_key, identity_public_b64
 
 PROVISIONERS = "tests.platform_apps.hospitals.provisioners"
 
 
-def new_public_key() -> str:
-    """A fresh agent's X25519 public key, base64."""
-    return base64.b64encode(X25519PrivateKey.generate().public_key().public_bytes_raw()).decode()
+def new_identity_key() -> str:
+    """A fresh agent's ML-DSA-65 identity public key, base64."""
+    return identity_public_b64(generate_identity_key())
 
 
 def issue_code(hospital: Hospital) -> str:

@@ -1,33 +1,40 @@
-"""Agents' X25519 public keys are checked before they are kept."""
+"""Agents' ML-DSA-65 identity keys are checked before they are kept, with their fingerprint."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from hospitals.keys import parse_x25519_public_key
+from hospitals.keys import parse_identity_key
+from medsplit.protocol.keys import generate_identity_key
 
 
-def test_a_real_key_is_kept_in_canonical_base64() -> None:
-    raw = X25519PrivateKey.generate().public_key().public_bytes_raw()
-    assert parse_x25519_public_key(base64.b64encode(raw).decode()) == base64.b64encode(raw).decode()
+def test_a_real_key_is_kept_in_canonical_base64_with_its_fingerprint() -> None:
+    raw = generate_identity_key().public_key().public_bytes_raw()
+    parsed = parse_identity_key(base64.b64encode(raw).decode())
+    assert parsed.text == base64.b64encode(raw).decode()
+    assert parsed.fingerprint == hashlib.sha256(raw).hexdigest()
 
 
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ("", "32 bytes"),
+        ("", "1952 bytes"),
         ("not base64!", "base64"),
-        (base64.b64encode(b"\x01" * 31).decode(), "32 bytes"),
-        (base64.b64encode(b"\x01" * 33).decode(), "32 bytes"),
-        (base64.b64encode(bytes(32)).decode(), "small-order"),  # the all-zero point
-        (base64.b64encode(b"\x01" + bytes(31)).decode(), "small-order"),  # order 1
+        (base64.b64encode(b"\x01" * 1951).decode(), "1952 bytes"),
+        # The X25519 key an agent of an earlier release sends.
+        (
+            base64.b64encode(X25519PrivateKey.generate().public_key().public_bytes_raw()).decode(),
+            "1952 bytes",
+        ),
         ("é" * 10, "base64"),
-        ("A" * 100, "32 bytes"),
+        ("A" * 5000, "2604 characters"),
+        (None, "base64 text"),
     ],
 )
 def test_unusable_keys_are_refused(text: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
-        parse_x25519_public_key(text)
+        parse_identity_key(text)

@@ -11,7 +11,7 @@ from hospitals.models import AgentToken, EnrolmentCode, Hospital
 from kernel.actors import Actor
 from kernel.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
-from tests.platform_apps.hospitals.helpers import issue_code, new_public_key, use_provisioner
+from tests.platform_apps.hospitals.helpers import issue_code, new_identity_key, use_provisioner
 
 pytestmark = pytest.mark.django_db
 
@@ -70,13 +70,13 @@ def test_revocation_also_kills_unused_codes(admin_actor, hospital_a) -> None:
     assert result.codes_revoked == 1
     assert EnrolmentCode.objects.get().revoked_at is not None
     with pytest.raises(Exception) as caught:
-        services.agent_enrol(code=code, public_key=new_public_key())
+        services.agent_enrol(code=code, identity_key=new_identity_key())
     assert caught.value.code == "enrolment_code_revoked"
 
 
 def test_a_relay_that_refuses_revocation_leaves_the_tokens(admin_actor, hospital_a) -> None:
     """The relay user and the tokens go together, or neither does: the caller retries."""
-    services.agent_enrol(code=issue_code(hospital_a), public_key=new_public_key())
+    services.agent_enrol(code=issue_code(hospital_a), identity_key=new_identity_key())
     with use_provisioner("FailingProvisioner"), pytest.raises(RelayProvisioningFailed):
         services.hospital_tokens_revoke(actor=admin_actor, hospital=hospital_a)
     assert AgentToken.objects.filter(revoked_at__isnull=True).count() == 1
@@ -88,21 +88,21 @@ def test_an_enrolment_after_suspension_restores_the_hospital(admin_actor, hospit
     services.hospital_tokens_revoke(actor=admin_actor, hospital=hospital_a)
     hospital_a.refresh_from_db()
     code = services.enrolment_code_issue(actor=admin_actor, hospital=hospital_a)
-    enrolment = services.agent_enrol(code=code.plaintext, public_key=new_public_key())
+    enrolment = services.agent_enrol(code=code.plaintext, identity_key=new_identity_key())
     assert enrolment.hospital.status == "enrolled"
     assert enrolment.relay.username == "hospital-st-marys"
 
 
 def test_an_enrolment_code_is_single_use(approved_hospital) -> None:
     code = issue_code(approved_hospital)
-    services.agent_enrol(code=code, public_key=new_public_key())
+    services.agent_enrol(code=code, identity_key=new_identity_key())
     with pytest.raises(EnrolmentCodeUsed):
-        services.agent_enrol(code=code, public_key=new_public_key())
+        services.agent_enrol(code=code, identity_key=new_identity_key())
     assert AgentToken.objects.count() == 1
 
 
 def test_rotation_is_for_the_tokens_own_agent(hospital_a, hospital_b) -> None:
-    enrolment = services.agent_enrol(code=issue_code(hospital_a), public_key=new_public_key())
+    enrolment = services.agent_enrol(code=issue_code(hospital_a), identity_key=new_identity_key())
     token = AgentToken.objects.get(key_id=enrolment.token.key_id)
     with pytest.raises(NotFound):
         services.agent_token_rotate(actor=agent_actor(hospital_b), token=token)
@@ -110,7 +110,7 @@ def test_rotation_is_for_the_tokens_own_agent(hospital_a, hospital_b) -> None:
 
 
 def test_rotating_a_revoked_token_is_a_conflict(hospital_a) -> None:
-    enrolment = services.agent_enrol(code=issue_code(hospital_a), public_key=new_public_key())
+    enrolment = services.agent_enrol(code=issue_code(hospital_a), identity_key=new_identity_key())
     token = AgentToken.objects.get(key_id=enrolment.token.key_id)
     services.agent_token_rotate(actor=agent_actor(hospital_a), token=token)
     with pytest.raises(Conflict):
@@ -134,3 +134,54 @@ def test_a_heartbeat_with_an_unknown_status_is_refused(hospital_a) -> None:
             dataset_summary=SUMMARY,
         )
     assert Hospital.objects.get(pk=hospital_a.pk).last_seen_at is None
+
+
+# -- identity keys ------------------------------------------------------------------------
+
+
+def test_enrolment_pins_the_identity_fingerprint_and_a_new_key_is_a_new_generation(
+    approved_hospital,
+) -> None:
+    from hospitals.keys import parse_identity_key
+
+    first = new_identity_key()
+    enrolment = services.agent_enrol(code=issue_code(approved_hospital), identity_key=first)
+    hospital = enrolment.hospital
+    assert hospital.identity_fingerprint == parse_identity_key(first).fingerprint
+    assert hospital.identity_generation == 1 and hospital.identity_enrolled_at is not None
+    assert not AuditEvent.objects.filter(action="identity.replaced").exists()
+    # Re-enrolled with the same key (credentials lost, key kept): the same identity.
+    again = services.agent_enrol(code=issue_code(hospital), identity_key=first).hospital
+    assert again.identity_generation == 1
+    # Re-enrolled with a new key (a reinstalled agent): a new generation, audited.
+    second = new_identity_key()
+    moved = services.agent_enrol(code=issue_code(hospital), identity_key=second).hospital
+    assert moved.identity_generation == 2
+    assert moved.identity_fingerprint == parse_identity_key(second).fingerprint
+    (event,) = AuditEvent.objects.filter(action="identity.replaced")
+    assert event.details["previous_fingerprint"] == parse_identity_key(first).fingerprint
+    assert event.details["identity_generation"] == 2
+    assert event.details["via"].startswith("enrolment code ")
+
+
+def test_a_legacy_hospital_moves_to_an_identity_key_once_with_its_token(hospital_a) -> None:
+    Hospital.objects.filter(pk=hospital_a.pk).update(legacy_public_key="A" * 43 + "=")
+    hospital_a.refresh_from_db()
+    key = new_identity_key()
+    moved = services.agent_identity_move(actor=agent_actor(hospital_a), identity_key=key)
+    assert moved.identity_generation == 1 and moved.identity_key == key
+    assert moved.legacy_public_key, "kept for the record"
+    (event,) = AuditEvent.objects.filter(action="identity.replaced")
+    assert event.details["legacy_public_key"] == "A" * 43 + "="
+    assert "legacy" in event.details["via"]
+    # Asked again with the same key (a crash before the answer was kept): nothing changes.
+    again = services.agent_identity_move(actor=agent_actor(moved), identity_key=key)
+    assert again.identity_generation == 1
+    assert AuditEvent.objects.filter(action="identity.replaced").count() == 1
+    # Another key by token: refused (a stolen token cannot replace a pinned key).
+    with pytest.raises(Conflict, match="fresh enrolment code"):
+        services.agent_identity_move(actor=agent_actor(moved), identity_key=new_identity_key())
+    with pytest.raises(InvalidInput):
+        services.agent_identity_move(actor=agent_actor(moved), identity_key="AAAA")
+    with pytest.raises(PermissionDenied):
+        services.agent_identity_move(actor=Actor.system(), identity_key=key)

@@ -6,9 +6,18 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from hospitals.models import Hospital
+from medsplit.protocol.keys import (
+    RecipientKey,
+    SignedRecipientKey,
+    fingerprint,
+    generate_identity_key,
+    identity_public_b64,
+)
 from tests.platform_apps.training.api.test_views import error, jobs, started
 from training import services
 from training.models import HandOff, Job, Turn
@@ -21,10 +30,29 @@ def agent_a(agent_client, hospital_a) -> APIClient:
     return agent_client(hospital_a)
 
 
-def with_keys(*hospitals) -> None:
-    for i, hospital in enumerate(hospitals):
-        hospital.public_key = f"key-of-{i}"
-        hospital.save(update_fields=["public_key"])
+def with_keys(*hospitals) -> list[MLDSA65PrivateKey]:
+    """Give each hospital an identity key, as its agent's enrolment does."""
+    keys = []
+    for hospital in hospitals:
+        key = generate_identity_key()
+        hospital.identity_key = identity_public_b64(key)
+        hospital.identity_fingerprint = fingerprint(key)
+        hospital.identity_generation = 1
+        hospital.save()
+        keys.append(key)
+    return keys
+
+
+def participant(hospital, position: int) -> dict:
+    return {
+        "hospital": hospital.slug,
+        "position": position,
+        "identity_key": hospital.identity_key,
+        "identity_fingerprint": hospital.identity_fingerprint,
+        "identity_generation": 1,
+        "identity_enrolled_at": None,
+        "recipient_key": None,
+    }
 
 
 def test_assignments_name_the_participants_keys_and_whose_weights_to_start_from(
@@ -33,10 +61,7 @@ def test_assignments_name_the_participants_keys_and_whose_weights_to_start_from(
     with_keys(hospital_a, hospital_c)
     job = started(jobs["ac"])
     (assignment,) = agent_a.get("/api/agent/assignments/").json()
-    assert assignment["participants"] == [
-        {"hospital": hospital_a.slug, "position": 0, "public_key": "key-of-0"},
-        {"hospital": hospital_c.slug, "position": 1, "public_key": "key-of-1"},
-    ]
+    assert assignment["participants"] == [participant(hospital_a, 0), participant(hospital_c, 1)]
     assert assignment["handoff_from"] is None, "the first turn starts from the job's seed"
 
     turn = Turn.objects.get(job=job, status="running")
@@ -54,7 +79,7 @@ def test_assignments_name_the_participants_keys_and_whose_weights_to_start_from(
     assert for_c["turn"]["status"] == "running"
     assert for_c["handoff_from"] == {
         "hospital": hospital_a.slug,
-        "public_key": "key-of-0",
+        "identity_fingerprint": hospital_a.identity_fingerprint,
         "round": 0,
         "turn": turn.pk,
         "ciphertext_sha256": digest,
@@ -119,3 +144,68 @@ def test_a_failed_precondition_fails_the_turn_with_the_agents_reason(
     assert "reason" in error(
         agent_a.post(url, {"turn": turn.pk, "reason": " "}, format="json"), 400, "invalid"
     )
+
+
+def test_an_agent_publishes_its_signed_per_job_key_and_the_others_see_it(
+    agent_a, agent_client, hospital_a, hospital_c, jobs
+) -> None:
+    key_a, _ = with_keys(hospital_a, hospital_c)
+    job = started(jobs["ac"])
+    url = f"/api/agent/assignments/{job.pk}/recipient-key/"
+    public = RecipientKey.generate().public()
+    signed = SignedRecipientKey.sign(
+        job=f"job-{job.pk}", hospital=hospital_a.slug, key=public, identity=key_a
+    )
+    created = agent_a.post(url, signed.to_json(), format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["sha256"] == public.sha256()
+    again = agent_a.post(url, signed.to_json(), format="json")
+    assert again.status_code == 201
+    assert AuditEvent.objects.filter(action="recipient_key.published").count() == 1
+    (for_c,) = agent_client(hospital_c).get("/api/agent/assignments/").json()
+    shown = for_c["participants"][0]["recipient_key"]
+    assert shown["key"] == public.b64() and shown["sha256"] == public.sha256()
+    assert (
+        SignedRecipientKey.from_json(
+            job=f"job-{job.pk}", hospital=hospital_a.slug, data=shown
+        ).verify(key_a.public_key())
+        == public
+    )
+
+    # Signed by another identity, or for another job: refused, nothing changes.
+    forged = SignedRecipientKey.sign(
+        job=f"job-{job.pk}", hospital=hospital_a.slug, key=public, identity=generate_identity_key()
+    )
+    assert "key" in error(agent_a.post(url, forged.to_json(), format="json"), 400, "invalid")
+    elsewhere = SignedRecipientKey.sign(
+        job=f"job-{job.pk + 1}", hospital=hospital_a.slug, key=public, identity=key_a
+    )
+    assert "key" in error(agent_a.post(url, elsewhere.to_json(), format="json"), 400, "invalid")
+    unsigned = {"key": public.b64(), "signature": ""}
+    error(agent_a.post(url, unsigned, format="json"), 400, "invalid")
+
+    # A re-enrolment under a new identity hides the key its old identity signed.
+    Hospital.objects.filter(pk=hospital_a.pk).update(identity_generation=2)
+    (for_c,) = agent_client(hospital_c).get("/api/agent/assignments/").json()
+    assert for_c["participants"][0]["recipient_key"] is None
+    assert for_c["participants"][0]["identity_generation"] == 2
+
+
+def test_no_recipient_key_for_a_job_not_ones_own_or_ended(
+    agent_a, agent_client, hospital_a, hospital_b, hospital_c, jobs
+) -> None:
+    (key_b,) = with_keys(hospital_b)
+    job = started(jobs["ac"])
+    public = RecipientKey.generate().public()
+    signed = SignedRecipientKey.sign(
+        job=f"job-{job.pk}", hospital=hospital_b.slug, key=public, identity=key_b
+    )
+    url = f"/api/agent/assignments/{job.pk}/recipient-key/"
+    error(agent_client(hospital_b).post(url, signed.to_json(), format="json"), 404, "not_found")
+    # A's agent has no identity key yet (enrolled before identity keys).
+    mine = SignedRecipientKey.sign(
+        job=f"job-{job.pk}", hospital=hospital_a.slug, key=public, identity=key_b
+    )
+    error(agent_a.post(url, mine.to_json(), format="json"), 409, "conflict")
+    Job.objects.filter(pk=job.pk).update(state="completed", finished_at=job.started_at)
+    error(agent_a.post(url, mine.to_json(), format="json"), 409, "conflict")
