@@ -86,13 +86,14 @@ def plain_insert(i: int) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {PLAIN} (id, created_at, actor_kind, actor, action, target, hospital,"
-            " job_id, details, source_ip, prev_hash, hash)"
+            " job_id, details, source_ip, prev_hash, hash, mac_key_id, mac)"
             " VALUES (%s, %s, 'system', 'system', 'turn.step', 'job:1', 'st-marys', 1, %s,"
-            " '10.0.0.1', %s, %s)",
+            " '10.0.0.1', %s, %s, 'k1', %s)",
             [
                 row_id,
                 timezone.now(),
                 json.dumps({**DETAILS, "step": i}),
+                secrets.token_hex(32),
                 secrets.token_hex(32),
                 secrets.token_hex(32),
             ],

@@ -62,6 +62,10 @@ class AuditEvent(models.Model):
     # Unique: two rows naming the same predecessor would be a fork.
     prev_hash = models.CharField(max_length=64, unique=True)
     hash = models.CharField(max_length=64, unique=True)
+    # HMAC of ``hash`` under a key the database never holds (audit/macs.py), and that
+    # key's id: a row written with SQL has none that verifies.
+    mac_key_id = models.CharField(max_length=16, blank=True)
+    mac = models.CharField(max_length=64, blank=True)
 
     objects = AuditEventQuerySet.as_manager()
 
@@ -124,3 +128,38 @@ class AuditChainHead(models.Model):
 
     def __str__(self) -> str:
         return f"audit chain head: {self.last_id} events, last {self.last_hash[:12]}"
+
+
+class WitnessReport(models.Model):
+    """A hospital's signed word that a head of the chain it was shown is gone from it
+    (``audit.witness``). Not part of the chain, on purpose: it reports on the chain.
+
+    Like the chain, it is only ever added to: the model refuses changes and deletes.
+    """
+
+    hospital = models.CharField(max_length=64, db_index=True)
+    received_at = models.DateTimeField(db_index=True)
+    witnessed_seq = models.BigIntegerField()
+    witnessed_hash = models.CharField(max_length=64)
+    #: What the chain holds there now: another hash, or "missing" (the tail was cut).
+    found = models.CharField(max_length=200)
+    message = models.TextField()
+    #: The canonical text the agent signed, and its signature (base64).
+    signed = models.TextField()
+    signature = models.TextField()
+    #: Whether the signature verified against the hospital's pinned identity key.
+    verified = models.BooleanField()
+
+    class Meta:
+        ordering = ["-received_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.hospital}: head {self.witnessed_seq} {self.found}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            _refuse(f"changing witness report {self.pk}")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(f"deleting witness report {self.pk}")

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 
 from audit.chain import CONTENT_FIELDS, GENESIS, content_hash
 from audit.filters import AuditEventFilter
+from audit.macs import MacKeys, mac_keys
 from audit.models import AuditChainHead, AuditEvent
 from kernel.actors import Actor, ActorKind, Role
 from kernel.errors import InvalidInput, PermissionDenied
@@ -76,6 +77,9 @@ class ProblemKind(StrEnum):
     HEAD_MISSING = "head_missing"
     #: The head's hash is not the last row's, or rows exist beyond the head.
     HEAD_MISMATCH = "head_mismatch"
+    #: The row's MAC does not verify: it was written or rewritten outside the
+    #: coordinator, by someone without the MAC key (SQL by the database's owner).
+    MAC_MISMATCH = "mac_mismatch"
 
 
 @dataclass(frozen=True)
@@ -121,10 +125,12 @@ def audit_verify_chain(*, actor: Actor | None = None) -> VerifyResult:
     beyond the head. The head is read first and only rows up to it are checked, so
     appends made while this runs do not count as problems.
 
+    Every row's MAC must verify too (:mod:`audit.macs`), so a row written or rewritten
+    with SQL is named even when it is correctly chained and the head was moved with it.
+
     Note:
-        This proves the rows were not changed or removed behind the application's back
-        *unless* whoever did it also rewrote every later hash and the head. Publishing
-        ``head_hash`` somewhere else from time to time closes that gap.
+        A tail removed together with a head rewound to an older row leaves valid rows and
+        MACs; the hospitals witness the head to catch that (:mod:`audit.witness`).
 
     Args:
         actor: who asks; None for the system (management commands).
@@ -141,7 +147,10 @@ def audit_verify_chain(*, actor: Actor | None = None) -> VerifyResult:
 
     head = AuditChainHead.objects.filter(pk=AuditChainHead.SINGLETON).first()
     head_id, head_hash = (head.last_id, head.last_hash) if head else (0, GENESIS)
-    rows = AuditEvent.objects.order_by("id").values_list("hash", *CONTENT_FIELDS)
+    keys = mac_keys()
+    rows = AuditEvent.objects.order_by("id").values_list(
+        "hash", "mac_key_id", "mac", *CONTENT_FIELDS
+    )
     if head is not None:
         rows = rows.filter(id__lte=head_id)
 
@@ -149,9 +158,11 @@ def audit_verify_chain(*, actor: Actor | None = None) -> VerifyResult:
         return VerifyResult(problem is None, checked, head_id, head_hash, problem)
 
     expected_id, expected_prev, checked = 1, GENESIS, 0
-    for stored_hash, *values in rows.iterator(chunk_size=_VERIFY_CHUNK):
+    for stored_hash, key_id, mac, *values in rows.iterator(chunk_size=_VERIFY_CHUNK):
         content = dict(zip(CONTENT_FIELDS, values, strict=True))
-        problem = _row_problem(content, stored_hash, expected_id, expected_prev)
+        problem = _row_problem(content, stored_hash, expected_id, expected_prev) or _mac_problem(
+            keys, content["id"], stored_hash, key_id, mac
+        )
         if problem is not None:
             return result(problem, checked)
         expected_id, expected_prev, checked = expected_id + 1, stored_hash, checked + 1
@@ -233,6 +244,24 @@ def _row_problem(
             f"{stored_hash}: the row was changed",
         )
     return None
+
+
+def _mac_problem(
+    keys: MacKeys, row_id: int, stored_hash: str, key_id: str, mac: str
+) -> Problem | None:
+    if keys.verifies(stored_hash, key_id, mac):
+        return None
+    if key_id and key_id not in keys.keys:
+        why = (
+            f"it is signed with key {key_id!r}, which this coordinator does not hold: add it "
+            "(after the current one) to MEDSPLIT_AUDIT_MAC_KEYS, or the row was forged"
+        )
+    else:
+        why = (
+            "its MAC does not verify: it was written or rewritten outside the coordinator "
+            "(with SQL, by someone without the MAC key)"
+        )
+    return Problem(row_id, ProblemKind.MAC_MISMATCH, f"row {row_id}: {why}")
 
 
 def _rows(count: int) -> str:

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from audit.chain import GENESIS, clean_details, content_hash
 from audit.errors import AuditError, ChainHeadMissing
+from audit.macs import mac_keys
 from audit.models import AuditChainHead, AuditEvent
 from kernel.actors import Actor
 
@@ -66,6 +67,7 @@ def audit_record(
     }
     if not fields["action"]:
         raise AuditError("an audit event needs an action")
+    keys = mac_keys()
     with transaction.atomic():
         last_id, last_hash = _lock_head()
         event = AuditEvent(
@@ -77,6 +79,8 @@ def audit_record(
             **fields,
         )
         event.hash = content_hash(event.content())
+        event.mac_key_id = keys.current
+        event.mac = keys.mac(event.hash)
         _insert_and_advance(event)
     return event
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from audit.chain import CONTENT_FIELDS, TIMESTAMP_FORMAT
-from audit.models import AuditEvent
+from audit.models import AuditEvent, WitnessReport
 from audit.selectors import ProblemKind
 
 #: The canonical content's timestamp format (see audit.chain), so rows can be re-hashed.
@@ -35,3 +35,18 @@ class VerifyResultSerializer(serializers.Serializer):
     head_id = serializers.IntegerField(help_text="The last event's id, as the head records it.")
     head_hash = serializers.CharField(help_text="The last event's hash, as the head records it.")
     problem = ProblemSerializer(allow_null=True, help_text="The first problem, if any.")
+
+
+class WitnessReportSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WitnessReport
+        fields = [
+            "hospital",
+            "received_at",
+            "witnessed_seq",
+            "witnessed_hash",
+            "found",
+            "message",
+            "verified",
+        ]
+        read_only_fields = fields

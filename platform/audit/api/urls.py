@@ -9,4 +9,9 @@ urlpatterns = [
     path("audit/export.csv", views.AuditExportCsvView.as_view(), name="audit-export-csv"),
     path("audit/export.jsonl", views.AuditExportJsonlView.as_view(), name="audit-export-jsonl"),
     path("audit/verify/", views.AuditVerifyView.as_view(), name="audit-verify"),
+    path(
+        "audit/witness-reports/",
+        views.WitnessReportListView.as_view(),
+        name="audit-witness-reports",
+    ),
 ]

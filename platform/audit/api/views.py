@@ -15,9 +15,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.api.export import csv_lines, jsonl_lines
-from audit.api.serializers import AuditEventSerializer, VerifyResultSerializer
+from audit.api.serializers import (
+    AuditEventSerializer,
+    VerifyResultSerializer,
+    WitnessReportSerializer,
+)
 from audit.models import AuditEvent
 from audit.selectors import audit_event_list, audit_verify_chain
+from audit.witness import witness_reports
 from kernel.actors import actor_from_request
 from kernel.api.errors_schema import error
 
@@ -145,3 +150,20 @@ class AuditVerifyView(APIView):
     def get(self, request: Request) -> Response:
         result = audit_verify_chain(actor=actor_from_request(request))
         return Response(VerifyResultSerializer(result).data)
+
+
+class WitnessReportListView(APIView):
+    @extend_schema(
+        tags=["audit"],
+        summary="The hospitals' witness reports",
+        description=(
+            "Each hospital's agent keeps the chain heads it was shown and checks that they "
+            "are still in the chain; a report says one is gone (the history was rewritten). "
+            "Newest first. Consortium admins and observers see all, a hospital admin their "
+            "own hospital's."
+        ),
+        responses={200: WitnessReportSerializer(many=True), **_DENIED},
+    )
+    def get(self, request: Request) -> Response:
+        reports = witness_reports(actor=actor_from_request(request))
+        return Response(WitnessReportSerializer(reports, many=True).data)

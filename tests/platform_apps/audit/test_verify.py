@@ -73,15 +73,17 @@ def test_a_timestamp_moved_by_one_microsecond_is_named(record_many) -> None:
 
 
 @pytest.mark.django_db
-def test_a_row_rewritten_with_a_fresh_hash_is_caught_at_the_next_link(record_many) -> None:
+def test_a_row_rewritten_with_a_fresh_hash_is_caught_by_its_mac(record_many) -> None:
+    """Before the MACs, this was caught only at the next link (and not at all had every
+    later hash been rewritten too: tests/security/test_audit_forgery.py)."""
     events = record_many(N)
     forged = {**events[6].content(), "action": "forged.action"}
     tamper(
         f"UPDATE {EVENTS} SET action = %s, hash = %s WHERE id = 7",
         ["forged.action", content_hash(forged)],
     )
-    message = _assert_problem(ProblemKind.PREV_HASH_MISMATCH, 8, 7)
-    assert "row 7's hash" in message
+    message = _assert_problem(ProblemKind.MAC_MISMATCH, 7, 6)
+    assert "written or rewritten outside the coordinator" in message
 
 
 @pytest.mark.django_db
@@ -122,8 +124,8 @@ def test_a_row_inserted_beyond_the_head_is_named(record_many) -> None:
     forged = {**events[-1].content(), "id": 4, "prev_hash": events[-1].hash}
     tamper(
         f"INSERT INTO {EVENTS} (id, created_at, actor_kind, actor, action, target, hospital, "
-        "job_id, details, source_ip, prev_hash, hash) "
-        "VALUES (4, %s, 'system', 'system', 'forged', '', '', NULL, '{}', NULL, %s, %s)",
+        "job_id, details, source_ip, prev_hash, hash, mac_key_id, mac) "
+        "VALUES (4, %s, 'system', 'system', 'forged', '', '', NULL, '{}', NULL, %s, %s, '', '')",
         [forged["created_at"], events[-1].hash, "d" * 64],
     )
     message = _assert_problem(ProblemKind.HEAD_MISMATCH, 4, 3)
