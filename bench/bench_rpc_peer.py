@@ -330,6 +330,9 @@ class NoHooks:
     def finish(self, metrics: object, progress: object) -> None:
         pass
 
+    def resumed(self, step: int, reason: str) -> None:
+        pass
+
 
 def turn_ids(args: argparse.Namespace, block: int):
     from medsplit.modes import Mode

@@ -253,6 +253,9 @@ class NoHooks:
     def finish(self, metrics: object, progress: object) -> None:
         pass
 
+    def resumed(self, step: int, reason: str) -> None:
+        pass
+
 
 def measured_redis_channel(url: str):
     """A ``RedisChannel`` that remembers the largest payload it sent or received."""

@@ -48,8 +48,17 @@ _KINDS_OF_VALUE: dict[type, str] = {
     int: "an integer",
     float: "a number",
     tuple: "like 1,28,28",
+    bool: "true or false",
 }
-_METAVARS: dict[type, str] = {str: "TEXT", Path: "PATH", int: "N", float: "X", tuple: "N,N,..."}
+_METAVARS: dict[type, str] = {
+    str: "TEXT",
+    Path: "PATH",
+    int: "N",
+    float: "X",
+    tuple: "N,N,...",
+    bool: "true|false",
+}
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,9 @@ KEYS: tuple[Key, ...] = (
         check=lambda s: s >= 0, must="be >= 0", metavar="SECONDS"),
     Key("reply_timeout", float, 600.0, "how long a turn waits for the worker's reply",
         check=lambda s: s > 0, must="be > 0", metavar="SECONDS"),
+    Key("deterministic", bool, True,
+        "deterministic kernels only, as the workers use, so that a job equals unsplit "
+        "training bit for bit on cuda too (sets CUBLAS_WORKSPACE_CONFIG)"),
     Key("data.kind", str, None, "where the images come from", choices=KINDS, required=True),
     Key("data.path", str, None, "medmnist: the .npz archive; folder: the folder of images",
         metavar="PATH"),
@@ -185,6 +197,7 @@ class AgentConfig:
     heartbeat_seconds: float = _default("heartbeat_seconds")
     poll_seconds: float = _default("poll_seconds")
     reply_timeout: float = _default("reply_timeout")
+    deterministic: bool = _default("deterministic")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -295,6 +308,13 @@ def _not_set(key: Key) -> str:
 
 def _convert(key: Key, value: Any, where: str) -> Any:
     wrong = ConfigError(f"{key.name} must be {_KINDS_OF_VALUE[key.type]}, got {value!r} ({where})")
+    if key.type is bool:
+        if isinstance(value, bool):
+            return value
+        text = value.strip().lower() if isinstance(value, str) else None
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise wrong
     # bool is an int to Python, but `true` for a number is a mistake in the file.
     if isinstance(value, bool):
         raise wrong
@@ -326,6 +346,8 @@ def _convert(key: Key, value: Any, where: str) -> Any:
 
 
 def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     if isinstance(value, float):

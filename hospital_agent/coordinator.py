@@ -84,15 +84,42 @@ class Coordinator:
 
     # -- the API --------------------------------------------------------------------------
 
-    def enrol(self, *, code: str, public_key: str) -> dict[str, Any]:
-        """Exchange a one-time enrolment code and the agent's public key for its token
-        and relay credentials (each shown once)."""
+    def enrol(self, *, code: str, identity_key: str) -> dict[str, Any]:
+        """Exchange a one-time enrolment code and the agent's identity public key for its
+        token and relay credentials (each shown once)."""
         return self._call(
-            "POST", "/api/agent/enrol/", json={"code": code, "public_key": public_key}
+            "POST", "/api/agent/enrol/", json={"code": code, "identity_key": identity_key}
         )
 
-    def heartbeat(self, *, status: str, version: str, summary: dict[str, Any]) -> dict[str, Any]:
-        body = {"agent_status": status, "agent_version": version, "dataset_summary": summary}
+    def move_to_identity_key(self, *, identity_key: str) -> dict[str, Any]:
+        """Give a hospital enrolled with a legacy X25519 key its first identity key (once;
+        any later change of identity needs a fresh enrolment code)."""
+        return self._call("POST", "/api/agent/identity/", json={"identity_key": identity_key})
+
+    def publish_recipient_key(self, *, job: int, key: str, signature: str) -> dict[str, Any]:
+        """Publish this hospital's per-job recipient key for ``job``, signed with its
+        identity key."""
+        body = {"key": key, "signature": signature}
+        return self._call("POST", f"/api/agent/assignments/{job}/recipient-key/", json=body)
+
+    def heartbeat(
+        self,
+        *,
+        status: str,
+        version: str,
+        summary: dict[str, Any] | None,
+        data_problem: str = "",
+        started_at: str | None = None,
+    ) -> dict[str, Any]:
+        """Alive, with the data's summary, or (``summary`` None) what is wrong with it;
+        ``started_at``: when this agent's process started (a new one shows a restart)."""
+        body: dict[str, Any] = {"agent_status": status, "agent_version": version}
+        if started_at:
+            body["started_at"] = started_at
+        if summary is not None:
+            body["dataset_summary"] = summary
+        if data_problem:
+            body["data_problem"] = data_problem[:2000]
         return self._call("POST", "/api/agent/heartbeat/", json=body)
 
     def assignments(self, *, wait: float = 0.0, etag: str = "") -> tuple[list[dict], str]:
@@ -115,6 +142,15 @@ class Coordinator:
             "size_bytes": size_bytes,
         }
         return self._call("POST", f"/api/agent/assignments/{job}/handoffs/", json=body)
+
+    def audit_chain(self, *, after: int) -> dict[str, Any]:
+        """The audit chain's links after sequence number ``after``, and its head."""
+        return self._call("GET", "/api/agent/audit/chain/", params={"after": after})
+
+    def report_witness(self, *, statement: str, signature: str) -> dict[str, Any]:
+        """Tell the coordinator a witnessed head is gone from the chain (signed)."""
+        body = {"statement": statement, "signature": signature}
+        return self._call("POST", "/api/agent/audit/witness/", json=body)
 
     def report_problem(self, *, job: int, turn: int, reason: str) -> dict[str, Any]:
         body = {"turn": turn, "reason": reason}

@@ -1,12 +1,19 @@
-"""The agent's life: enrol once, then heartbeat, long-poll for assignments and take turns,
-until SIGTERM (or a revoked token) stops it."""
+"""The agent's life: enrol once (an agent enrolled before identity keys moves to one, once),
+then heartbeat, long-poll for assignments and take turns, until SIGTERM (or a revoked
+token) stops it."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
+from datetime import UTC, datetime
 from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey
 
 from hospital_agent import __version__
 from hospital_agent.config import AgentConfig
@@ -18,18 +25,23 @@ from hospital_agent.coordinator import (
     TokenRefused,
 )
 from hospital_agent.data import DataProblem, check_data
-from hospital_agent.identity import (
-    Credentials,
-    load_credentials,
-    load_or_create_key,
-    save_credentials,
-)
+from hospital_agent.enrolment import enrol, move_to_identity_key
+from hospital_agent.identity import load_credentials, load_or_create_identity
 from hospital_agent.relay import HandoffMissing
-from hospital_agent.turns import Assignment, TurnTaker
+from hospital_agent.turns import ENDED, Assignment, TurnTaker
+from hospital_agent.witness import Mismatch, Witness
 from medsplit.errors import ConfigError, MedSplitError
-from medsplit.protocol.sealing import public_key_b64
+from medsplit.protocol.keys import fingerprint, format_fingerprint
 
 logger = logging.getLogger(__name__)
+#: Seconds between polls the coordinator answered at once without a change (it was
+#: holding as many long-polls as it allows): gives its threads to people meanwhile.
+_BUSY_POLL_PAUSE = 2.0
+
+#: The status of an agent whose local data cannot be used; it keeps heartbeating.
+DATA_PROBLEM = "data_problem"
+#: Heartbeats between two looks at data found broken (fixed by someone meanwhile?).
+DATA_RECHECK_BEATS = 10
 
 #: Exit codes of ``medsplit-agent run``.
 EXIT_OK, EXIT_CONFIG, EXIT_REFUSED = 0, 2, 3
@@ -43,6 +55,8 @@ class Agent:
         self.stopping = threading.Event()
         self.status = "starting"
         self.summary: dict[str, Any] | None = None
+        self.data_problem = ""
+        self.started_at = datetime.now(UTC).isoformat()
         self._refused: TokenRefused | None = None
 
     def stop(self, *_: object) -> None:
@@ -69,8 +83,11 @@ class Agent:
 
     def _run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = load_or_create_key(self.config.work_dir)
-        credentials = load_credentials(self.config.work_dir) or self._enrol(key)
+        use_deterministic_kernels(self.config.deterministic)
+        identity = load_or_create_identity(self.config.work_dir)
+        credentials = load_credentials(self.config.work_dir) or enrol(
+            self.config, identity, stopping=self.stopping
+        )
         coordinator = Coordinator(
             self.config.coordinator_url,
             token=credentials.token,
@@ -78,30 +95,37 @@ class Agent:
             backoff=Backoff(give_up_after=None),  # keep trying until stopped
             stopping=self.stopping,
         )
-        try:
-            self.summary = check_data(
-                self.config.data, val_fraction=self.config.val_fraction, seed=self.config.split_seed
-            ).to_json()
-        except DataProblem as e:
-            logger.error("local data cannot be used: %s", e)
-            self.status = "error"
+        if credentials.identity_generation == 0:
+            credentials = move_to_identity_key(self.config, coordinator, identity, credentials)
+        self._check_data()
         logger.info(
-            "agent of %s %s, coordinator %s", credentials.hospital, __version__, coordinator.url
+            "agent of %s %s, coordinator %s, identity %s",
+            credentials.hospital,
+            __version__,
+            coordinator.url,
+            format_fingerprint(fingerprint(identity)),
         )
         taker = TurnTaker(
             config=self.config,
             credentials=credentials,
-            key=key,
+            identity=identity,
             coordinator=coordinator,
             stopping=self.stopping,
             on_status=self._set_status,
+            on_data_problem=self.data_failed,
         )
-        beating = threading.Thread(target=self._heartbeats, args=(coordinator,), daemon=True)
-        if self.status != "error":
+        witness = ChainWitness(
+            Witness(self.config.work_dir), coordinator, identity, credentials.hospital
+        )
+        beating = threading.Thread(
+            target=self._heartbeats, args=(coordinator, witness), daemon=True
+        )
+        if self.status not in ("error", DATA_PROBLEM):
             self.status = "idle"
         beating.start()
         etag = ""
         while not self.stopping.is_set():
+            asked, known = time.monotonic(), etag
             try:
                 assignments, etag = coordinator.assignments(
                     wait=self.config.poll_seconds, etag=etag
@@ -115,6 +139,10 @@ class Agent:
                 if self.stopping.is_set():
                     break
                 self._handle(taker, Assignment(raw))
+            if etag == known and time.monotonic() - asked < self.config.poll_seconds / 2:
+                # Unchanged long before the wait ran out: the coordinator had no thread
+                # free to hold the poll. Ask again a little later, not at once.
+                self.stopping.wait(min(_BUSY_POLL_PAUSE, self.config.poll_seconds))
         if self._refused is not None:
             raise self._refused
         logger.info("stopped")
@@ -123,10 +151,12 @@ class Agent:
     def _handle(self, taker: TurnTaker, assignment: Assignment) -> None:
         raw = assignment.raw
         try:
+            if raw["state"] in ENDED:
+                taker.finish(assignment)
+                return
+            taker.prepare(assignment)
             if raw["state"] == "running" and raw["turn"] and raw["turn"]["status"] == "running":
                 taker.take(assignment)
-            elif raw["state"] == "completed":
-                taker.keep_final(assignment)
         except (HandoffMissing, CoordinatorError) as e:
             if isinstance(e, TokenRefused):
                 raise
@@ -138,41 +168,92 @@ class Agent:
     def _set_status(self, status: str) -> None:
         self.status = status
 
-    def _heartbeats(self, coordinator: Coordinator) -> None:
+    def _check_data(self) -> None:
+        """Read the local data and keep its summary, or the problem with it (the file
+        and the check, never pixel values): the heartbeat reports one or the other."""
+        try:
+            self.summary = check_data(
+                self.config.data, val_fraction=self.config.val_fraction, seed=self.config.split_seed
+            ).to_json()
+        except DataProblem as e:
+            if self.data_problem != str(e):
+                logger.error("local data cannot be used: %s", e)
+            self.summary, self.data_problem = None, str(e)
+            self.status = DATA_PROBLEM
+            return
+        if self.data_problem:
+            logger.info("the local data can be used again")
+            self.status = "idle"
+        self.data_problem = ""
+
+    def data_failed(self, problem: str) -> None:
+        """A turn found the data broken: the next heartbeats say so (and the summary goes)."""
+        self.summary, self.data_problem, self.status = None, problem, DATA_PROBLEM
+
+    def _heartbeats(self, coordinator: Coordinator, witness: ChainWitness) -> None:
+        beats = 0
         while not self.stopping.is_set():
-            if self.summary is not None:
-                try:
-                    coordinator.heartbeat(
-                        status=self.status, version=__version__, summary=self.summary
-                    )
-                except TokenRefused as e:
-                    self._refused = e
-                    self.stop()
-                    return
-                except CoordinatorError as e:
-                    logger.warning("heartbeat: %s", e)
+            beats += 1
+            if self.data_problem and beats % DATA_RECHECK_BEATS == 0:
+                self._check_data()  # fixed meanwhile?
+            try:
+                answer = coordinator.heartbeat(
+                    status=self.status,
+                    version=__version__,
+                    summary=self.summary,
+                    data_problem=self.data_problem,
+                    started_at=self.started_at,
+                )
+                witness.saw(answer.get("audit_head"))
+            except TokenRefused as e:
+                self._refused = e
+                self.stop()
+                return
+            except CoordinatorError as e:
+                logger.warning("heartbeat: %s", e)
             self.stopping.wait(self.config.heartbeat_seconds)
 
-    def _enrol(self, key) -> Credentials:
-        if not self.config.enrolment_code:
-            raise ConfigError(
-                "this agent is not enrolled yet: give it the one-time enrolment code from the "
-                "consortium (enrolment_code, MEDSPLIT_AGENT_ENROLMENT_CODE or --enrolment-code)"
-            )
-        coordinator = Coordinator(
-            self.config.coordinator_url, ca_bundle=self.config.ca_bundle, stopping=self.stopping
-        )
-        answer = coordinator.enrol(code=self.config.enrolment_code, public_key=public_key_b64(key))
-        relay = answer["relay"]
-        credentials = Credentials(
-            hospital=answer["hospital"],
-            token=answer["token"]["token"],
-            relay_url=relay["url"],
-            relay_username=relay["username"],
-            relay_password=relay["password"],
-        )
-        save_credentials(self.config.work_dir, credentials)
-        logger.info(
-            "enrolled as %s; credentials kept in %s", credentials.hospital, self.config.work_dir
-        )
-        return credentials
+
+def use_deterministic_kernels(on: bool) -> None:
+    """Deterministic kernels only, as the workers use (``MEDSPLIT_DETERMINISTIC``), so a
+    job's weights equal unsplit training bit for bit on cuda too (invariant 1). cuBLAS needs
+    its workspace set before CUDA starts, hence the variable, set first."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
+
+
+class ChainWitness:
+    """Ties :class:`Witness` to the coordinator: the heads of heartbeat answers, the
+    checks every few heartbeats, and one signed report per mismatch found."""
+
+    def __init__(
+        self, witness: Witness, coordinator: Coordinator, identity: MLDSA65PrivateKey, me: str
+    ) -> None:
+        self.witness = witness
+        self.coordinator = coordinator
+        self.identity = identity
+        self.me = me
+        self._reported: Mismatch | None = None
+
+    def saw(self, head: dict[str, Any] | None) -> Mismatch | None:
+        """Keep ``head``; when a check is due, run it and report what it finds."""
+        if not self.witness.saw(head):
+            return None
+        return self.check()
+
+    def check(self) -> Mismatch | None:
+        try:
+            mismatch = self.witness.check(self._links)
+        except (CoordinatorError, ConfigError, KeyError, TypeError, ValueError) as e:
+            logger.warning("could not check the audit chain: %s", e)
+            return None
+        if mismatch is not None and mismatch != self._reported:
+            statement, signature = self.witness.signed(self.identity, self.me, mismatch)
+            self.coordinator.report_witness(statement=statement, signature=signature)
+            self._reported = mismatch
+        return mismatch
+
+    def _links(self, after: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        answer = self.coordinator.audit_chain(after=after)
+        return answer["links"], answer["head"]

@@ -13,8 +13,11 @@ One :class:`TurnTaker` per agent. For each assignment whose turn is running it:
    to the coordinator, which fails the turn attempt with that reason;
 4. seals its new state for every other participant and records each blob's hash.
 
-When a job has ended it fetches the final weights sealed for it (or keeps its own) and
-stores them in its work directory.
+Keys: while a job runs it publishes its per-job recipient key for it, signed with its
+identity key; it pins every participant's identity (:mod:`hospital_agent.pins`), seals
+only to recipient keys signed by the pinned identity, and opens only blobs signed by it.
+When a job has ended it fetches the final weights sealed for it (or keeps its own), stores
+them in its work directory, and deletes the job's recipient key.
 """
 
 from __future__ import annotations
@@ -28,21 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, MLDSA65PublicKey
 from tqdm import tqdm
 
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
 from hospital_agent.data import DataProblem, LocalData, load_local, prepare
 from hospital_agent.identity import Credentials, write_private
+from hospital_agent.job_keys import JobKeys
+from hospital_agent.pins import PeerKeyRefused, Pins, check_own_identity
 from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
-from medsplit.errors import ChannelError
+from medsplit.errors import ChannelError, SealError
 from medsplit.modes import Mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
+from medsplit.protocol.keys import SignedRecipientKey
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.roles import StepResult
 from medsplit.protocol.sealing import SealContext
@@ -52,6 +58,9 @@ from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
 logger = logging.getLogger(__name__)
+
+#: The states of a job that has ended: its recipient key is no longer needed.
+ENDED = frozenset({"completed", "failed", "cancelled"})
 
 
 def peak_rss_mib() -> float:
@@ -104,6 +113,17 @@ class Assignment:
             seed=r["seed"],
         )
 
+    def participant(self, hospital: str) -> dict[str, Any]:
+        """The participant entry of ``hospital``.
+
+        Raises:
+            PeerKeyRefused: it is not a participant of the job.
+        """
+        for p in self.raw["participants"]:
+            if p["hospital"] == hospital:
+                return p
+        raise PeerKeyRefused(f"{hospital} is not a participant of job {self.job}")
+
     def others(self, me: str) -> list[dict[str, Any]]:
         """The other participants in turn order from ``me`` on: the hospital whose turn
         comes next first, so that it waits for one seal, not for all of them."""
@@ -137,18 +157,22 @@ class TurnTaker:
         *,
         config: AgentConfig,
         credentials: Credentials,
-        key: X25519PrivateKey,
+        identity: MLDSA65PrivateKey,
         coordinator: Coordinator,
         stopping: threading.Event,
         on_status: Callable[[str], None] = lambda status: None,
+        on_data_problem: Callable[[str], None] = lambda problem: None,
     ) -> None:
         self.config = config
         self.me = credentials.hospital
-        self.key = key
+        self.identity = identity
+        self.pins = Pins(config.work_dir)
+        self.job_keys = JobKeys(config.work_dir)
         self.coordinator = coordinator
         self.relay = Relay(credentials, ca_bundle=config.ca_bundle)
         self.stopping = stopping
         self.on_status = on_status
+        self.on_data_problem = on_data_problem
         self._data: dict[tuple, LocalData] = {}
 
     def jobs_dir(self, job: int) -> Path:
@@ -164,10 +188,19 @@ class TurnTaker:
             data = self.data_for(model)
         except DataProblem as e:
             logger.error("job %s: local data cannot be used: %s", job, e)
+            self.on_data_problem(str(e))
             self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
             return None
         split = cached_split(model, config.cuts)
-        start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
+        try:
+            start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
+        except (SealError, PeerKeyRefused) as e:
+            # Nothing was loaded; the coordinator's policy decides, with the reason.
+            logger.error("job %s: the weights to start from were refused: %s", job, e)
+            self.coordinator.report_problem(
+                job=job, turn=turn["id"], reason=f"the hand-off to start from was refused: {e}"
+            )
+            return None
         if start is None:
             return None
         ids = TurnIds(
@@ -218,8 +251,32 @@ class TurnTaker:
             client.channel.close()
             self.on_status("idle")
         if outcome == ClientOutcome.COMPLETED:
-            self.hand_on(assignment, turn, client.state())
+            self.hand_on(assignment, self.current_turn(assignment, turn), client.state())
         return outcome
+
+    def current_turn(self, assignment: Assignment, turn: dict[str, Any]) -> dict[str, Any]:
+        """The attempt of ``turn``'s place (round, position) that the coordinator holds now.
+
+        A turn's server side may fail and be tried again (a new attempt, a new id) while
+        this agent's run goes on, since both sides meet on the place, not the attempt; the
+        hand-off is recorded against the attempt that completed.
+        """
+        try:
+            fresh, _ = self.coordinator.assignments()
+        except CoordinatorError as e:
+            logger.warning("job %s: could not read the current turn (%s)", assignment.job, e)
+            return turn
+        now = next((a.get("turn") for a in fresh if a.get("job") == assignment.job), None)
+        if now and now.get("round") == turn["round"] and now.get("id") != turn["id"]:
+            logger.info(
+                "job %s round %s: the turn completed as attempt %s (turn %s)",
+                assignment.job,
+                turn["round"],
+                now.get("attempt"),
+                now["id"],
+            )
+            return now
+        return turn
 
     def _run(self, client: TurnClient) -> ClientOutcome:
         delay = 1.0
@@ -255,17 +312,83 @@ class TurnTaker:
         """The local data fitted to the job's input shape (read once per shape)."""
         shape = (model.input_shape, model.num_classes)
         if shape not in self._data:
-            data, _ = load_local(
+            data, summary = load_local(
                 self.config.data,
                 input_shape=model.input_shape,
                 num_classes=model.num_classes,
                 val_fraction=self.config.val_fraction,
                 seed=self.config.split_seed,
             )
+            if tuple(summary.image_shape) != tuple(model.input_shape):
+                # Said out loud: resizing changes what the model sees (and its accuracy).
+                logger.warning(
+                    "images are %s; they are resized to the job's %s",
+                    "x".join(map(str, summary.image_shape)),
+                    "x".join(map(str, model.input_shape)),
+                )
             self._data[shape] = prepare(
                 data, input_shape=model.input_shape, num_classes=model.num_classes
             )
         return self._data[shape]
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def prepare(self, assignment: Assignment) -> None:
+        """Before anything else of a running (or scheduled, paused) job: check that the
+        coordinator shows this hospital with its own identity, pin every other
+        participant's identity at first sight, and publish this hospital's per-job key.
+
+        Raises:
+            PeerKeyRefused: the coordinator shows this hospital with another identity key.
+        """
+        check_own_identity(assignment.participant(self.me), self.identity, job=assignment.job)
+        for other in assignment.others(self.me):
+            if not other.get("identity_key"):  # enrolled before identity keys, moving soon
+                logger.warning(
+                    "job %s: %s has no identity key yet; nothing is sealed for it until it has",
+                    assignment.job,
+                    other["hospital"],
+                )
+                continue
+            try:
+                self.pins.identity(other)
+            except PeerKeyRefused as e:
+                logger.error("job %s: %s", assignment.job, e)
+        key = self.job_keys.load_or_create(assignment.job).public()
+        shown = assignment.participant(self.me).get("recipient_key") or {}
+        if shown.get("key") == key.b64():
+            return
+        if shown.get("key"):
+            logger.warning(
+                "job %s: the coordinator holds another per-job key for this hospital "
+                "(sha256 %s...) than this agent's (sha256 %s...); publishing this agent's",
+                assignment.job,
+                shown.get("sha256", "?")[:16],
+                key.sha256()[:16],
+            )
+        signed = SignedRecipientKey.sign(
+            job=assignment.job_name, hospital=self.me, key=key, identity=self.identity
+        )
+        self.coordinator.publish_recipient_key(job=assignment.job, **signed.to_json())
+        logger.info(
+            "job %s: published this hospital's per-job key (sha256 %s...)",
+            assignment.job,
+            key.sha256()[:16],
+        )
+
+    def finish(self, assignment: Assignment) -> None:
+        """A job has ended: keep the final weights (completed), then delete its key."""
+        if assignment.raw["state"] == "completed" and self.keep_final(assignment) is None:
+            return  # not there yet: the key is still needed to open them
+        if self.job_keys.forget(assignment.job):
+            logger.info(
+                "job %s %s: its per-job key is deleted; no hand-off of it can be opened any more",
+                assignment.job,
+                assignment.raw["state"],
+            )
+
+    def _peer_identity(self, assignment: Assignment, hospital: str) -> MLDSA65PublicKey:
+        return self.pins.identity(assignment.participant(hospital))
 
     # -- hand-offs ----------------------------------------------------------------------
 
@@ -277,7 +400,13 @@ class TurnTaker:
         *,
         wait: float,
     ) -> bytes | None:
-        """The training state the next turn starts from (see the module docstring)."""
+        """The training state the next turn starts from (see the module docstring).
+
+        Raises:
+            SealError: the blob is not what was sealed for this place, or this agent holds
+                no key for the job any more.
+            PeerKeyRefused: the sender's identity does not fit its pin.
+        """
         source = assignment.raw["handoff_from"]
         if source is None:
             split = split or assignment.model().split(config)
@@ -291,17 +420,23 @@ class TurnTaker:
                     "job %s: no hand-off from %s arrived", assignment.job, source["hospital"]
                 )
                 return None
-            fresh, _ = self.coordinator.assignments()
-            match = [a for a in fresh if a["job"] == assignment.job]
-            if not match or match[0]["handoff_from"] is None:
+            fresh = self._fresh(assignment)
+            if fresh is None or fresh.raw["handoff_from"] is None:
                 return None
-            source = match[0]["handoff_from"]
+            assignment, source = fresh, fresh.raw["handoff_from"]
+        key = self.job_keys.load(assignment.job)
+        if key is None:
+            raise SealError(
+                f"this agent holds no per-job key for job {assignment.job} (deleted once the "
+                "job ended, or this work directory is not the one that published it): the "
+                f"weights {source['hospital']} sealed for this hospital cannot be opened"
+            )
         return self.relay.take_handoff(
             keys=assignment.relay_keys,
             job=assignment.job_name,
-            key=self.key,
+            key=key,
             sender=source["hospital"],
-            sender_public_key=source["public_key"],
+            sender_identity=self._peer_identity(assignment, source["hospital"]),
             context=SealContext(
                 job=assignment.job_name,
                 round=source["round"],
@@ -314,36 +449,85 @@ class TurnTaker:
         )
 
     def hand_on(self, assignment: Assignment, turn: dict[str, Any], state: bytes) -> None:
-        """Keep this state, and seal it for every other participant."""
+        """Keep this state, and seal it for every other participant: to its published
+        per-job key, once that key verifies under its pinned identity. A participant that
+        has not published its key yet is waited for (up to ``reply_timeout``); one whose
+        keys are refused gets nothing, and the others go on.
+
+        Raises:
+            PeerKeyRefused: some participant's keys were refused (after sealing for the rest).
+        """
         write_private(self.jobs_dir(assignment.job) / "state.safetensors", state)
-        for other in assignment.others(self.me):
-            context = SealContext(
-                job=assignment.job_name,
-                round=turn["round"],
-                sender=self.me,
-                recipient=other["hospital"],
+        pending = assignment.others(self.me)
+        deadline = time.monotonic() + self.config.reply_timeout
+        sealed, refused = 0, []
+        while pending:
+            waiting = []
+            for other in pending:
+                if not other.get("recipient_key"):
+                    waiting.append(other["hospital"])
+                    continue
+                try:
+                    self._seal_for(assignment, turn, other, state)
+                    sealed += 1
+                except (PeerKeyRefused, SealError) as e:
+                    logger.error(
+                        "job %s: not sealing for %s: %s", assignment.job, other["hospital"], e
+                    )
+                    refused.append(other["hospital"])
+            if not waiting:
+                break
+            if time.monotonic() > deadline or self.stopping.wait(1.0):
+                logger.error(
+                    "job %s: %s published no per-job key in time; no hand-off from this turn "
+                    "is sealed for them",
+                    assignment.job,
+                    ", ".join(waiting),
+                )
+                break
+            fresh = self._fresh(assignment)
+            if fresh is None:
+                break
+            pending = [p for p in fresh.others(self.me) if p["hospital"] in waiting]
+        logger.info("job %s: weights sealed for %d other participant(s)", assignment.job, sealed)
+        if refused:
+            raise PeerKeyRefused(
+                f"job {assignment.job}: refused the keys of {', '.join(refused)} (see above)"
             )
-            digest, size = self.relay.put_handoff(
-                keys=assignment.relay_keys,
-                job=assignment.job_name,
-                state=state,
-                key=self.key,
-                recipient=other["hospital"],
-                recipient_public_key=other["public_key"],
-                context=context,
-            )
-            self.coordinator.record_handoff(
-                job=assignment.job,
-                turn=turn["id"],
-                recipient=other["hospital"],
-                ciphertext_sha256=digest,
-                size_bytes=size,
-            )
-        logger.info(
-            "job %s: weights sealed for %d other participant(s)",
-            assignment.job,
-            len(assignment.others(self.me)),
+
+    def _seal_for(
+        self, assignment: Assignment, turn: dict[str, Any], other: dict[str, Any], state: bytes
+    ) -> None:
+        recipient = other["hospital"]
+        identity = self.pins.identity(other)
+        signed = SignedRecipientKey.from_json(
+            job=assignment.job_name, hospital=recipient, data=other["recipient_key"]
         )
+        digest, size = self.relay.put_handoff(
+            keys=assignment.relay_keys,
+            job=assignment.job_name,
+            state=state,
+            identity=self.identity,
+            recipient=recipient,
+            recipient_key=signed,
+            recipient_identity=identity,
+            context=SealContext(
+                job=assignment.job_name, round=turn["round"], sender=self.me, recipient=recipient
+            ),
+        )
+        self.coordinator.record_handoff(
+            job=assignment.job,
+            turn=turn["id"],
+            recipient=recipient,
+            ciphertext_sha256=digest,
+            size_bytes=size,
+        )
+
+    def _fresh(self, assignment: Assignment) -> Assignment | None:
+        """The assignment of the same job as the coordinator gives it now."""
+        fresh, _ = self.coordinator.assignments()
+        match = [a for a in fresh if a["job"] == assignment.job]
+        return Assignment(match[0]) if match else None
 
     def keep_final(self, assignment: Assignment) -> Path | None:
         """Once the job completed: store the final weights (sealed for this hospital by

@@ -48,7 +48,9 @@ if settings.MEDSPLIT["WORKER_METRICS_PORT"] is not None:
 import torch  # noqa: E402
 from celery import Celery, signals  # noqa: E402
 
+from medsplit.channel.keys import RelayKeys  # noqa: E402
 from workers import metrics  # noqa: E402
+from workers.queue_heartbeat import QueueHeartbeat  # noqa: E402
 
 app = Celery("medsplit", include=["workers.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -68,6 +70,33 @@ def serve_metrics(**_: object) -> None:
     port = settings.MEDSPLIT["WORKER_METRICS_PORT"]
     if port is not None:
         metrics.serve(port, settings.MEDSPLIT["WORKER_METRICS_ADDRESS"])
+
+
+_heartbeats: list[QueueHeartbeat] = []
+
+
+@signals.worker_ready.connect
+def announce_queues(sender: object = None, **_: object) -> None:
+    """Say, every few seconds, which queues this worker consumes (workers/queue_heartbeat.py)."""
+    consumer = getattr(sender, "task_consumer", None)
+    queues = [q.name for q in getattr(consumer, "queues", [])] or [
+        settings.CELERY_TASK_DEFAULT_QUEUE
+    ]
+    hostname = getattr(sender, "hostname", None) or f"pid-{os.getpid()}"
+    _heartbeats.append(
+        QueueHeartbeat(
+            url=settings.MEDSPLIT["WORKER_REDIS_URL"],
+            keys=RelayKeys(settings.MEDSPLIT["RELAY_PREFIX"]),
+            worker=hostname,
+            queues=queues,
+        ).start()
+    )
+
+
+@signals.worker_shutdown.connect
+def stop_announcing(**_: object) -> None:
+    while _heartbeats:
+        _heartbeats.pop().stop()
 
 
 @signals.worker_process_shutdown.connect

@@ -33,6 +33,9 @@ def run_turn(turn_id: int) -> str:
     result = turn_runner.run(turn_id, runner=runner)
     if result.advance:
         advance_job.delay(result.job_id)
+    if result.retry_in is not None:
+        # The same attempt again, after the database, the relay or the storage came back.
+        _send_turn(turn_id, countdown=result.retry_in)
     return result.outcome
 
 
@@ -52,6 +55,6 @@ def sweep() -> None:
         logger.warning("relay check skipped: %s", e)
 
 
-def _send_turn(turn_id: int) -> None:
-    turn_dispatched(turn_id=turn_id)
-    run_turn.delay(turn_id)
+def _send_turn(turn_id: int, *, countdown: float = 0.0) -> None:
+    turn_dispatched(turn_id=turn_id, delay=countdown)
+    run_turn.apply_async((turn_id,), countdown=countdown)

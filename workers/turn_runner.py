@@ -42,12 +42,16 @@ from training.runs import (
     checkpoint_path,
     checkpoint_record,
     checkpoints_of_place,
+    last_retry_reason,
     turn_claim,
     turn_complete,
     turn_directive,
     turn_release,
+    turn_resumed_noted,
+    turn_retry_noted,
 )
 from training.services import turn_fail, turn_record_progress
+from workers.failures import FailureKind, backoff, classify, max_runs
 from workers.metrics import TurnMeter
 from workers.relay_guard import RelayGuard
 from workers.relay_watch import guard as relay_guard
@@ -58,11 +62,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a run ended; ``advance``: the scheduler should move the job on."""
+    """How a run ended; ``advance``: the scheduler should move the job on; ``retry_in``:
+    run the turn again after this many seconds (an infrastructure failure)."""
 
     outcome: str
     job_id: int | None = None
     advance: bool = False
+    retry_in: float | None = None
 
 
 def job_model(job: Job) -> JobModel:
@@ -96,7 +102,12 @@ def reported_limits(job: Job, config: TrainingConfig, hospital: Hospital) -> Fra
 
 
 def run(turn_id: int, *, runner: str) -> RunResult:
-    """Claim turn ``turn_id`` and serve it until it completes, pauses, stops or fails."""
+    """Claim turn ``turn_id`` and serve it until it completes, pauses, stops or fails.
+
+    Every exception ends in :func:`_ended`: an infrastructure failure gives the turn back
+    to be run again later (``RunResult.retry_in``), anything else ends the attempt under
+    the job's failure policy (``workers/failures.py``).
+    """
     options = settings.MEDSPLIT
     lease = options["TURN_LEASE_SECONDS"]
     claim = turn_claim(turn_id=turn_id, runner=runner, lease_seconds=lease)
@@ -104,74 +115,81 @@ def run(turn_id: int, *, runner: str) -> RunResult:
         logger.info("turn %s: not running or held by another worker; nothing to do", turn_id)
         return RunResult("not claimed")
     job, turn = claim.job, claim.turn
-    config = job.training_config()
-    split = cached_split(job_model(job), config.cuts)
-    ids = TurnIds(config.job, claim.round_index, turn.position, config.mode, config.codec)
-    store = DatabaseCheckpointStore(
-        turn=turn,
-        round_index=claim.round_index,
-        initial=lambda: export_parties({SERVER_PARTY: server_party(split, config)}),
-    )
-    # The server updates this object in place; the meter reads the bytes off it.
-    progress = TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down)
-    meter = TurnMeter(progress)
-    # Read what the hospital sends with the job's bounds: an oversized frame is refused
-    # from its first chunk, a flooded stream at the next read (workers/relay_guard.py).
-    bounds = limits_of_job(job)
-    channel = RedisChannel(
-        options["WORKER_REDIS_URL"],
-        max_message_bytes=bounds.frame_bytes,
-        max_backlog_bytes=bounds.stream_bytes,
-    )
-    hooks = RunnerHooks(
-        turn=turn,
-        runner=runner,
-        lease_seconds=lease,
-        meter=meter,
-        guard=relay_guard(),
-    )
-    logger.info(
-        "turn %s (job %s, round %s, %s): served by %s",
-        turn.pk,
-        job.pk,
-        claim.round_index,
-        turn.hospital.slug,
-        runner,
-    )
-    with meter:
-        try:
-            limits = reported_limits(job, config, turn.hospital)
-            server = TurnServer(
-                ids=ids,
-                channel=channel,
-                streams=relay_keys().streams(config.job, turn.hospital.slug),
-                split=split,
-                party=server_party(split, config),
-                store=store,
-                hooks=hooks,
-                limits=limits,
-                hospital=turn.hospital.slug,
-                checkpoint_every=options["CHECKPOINT_EVERY"],
-                silence_timeout=options["TURN_SILENCE_SECONDS"],
-                initial=progress,
-                # After a crash or a failed attempt, stale frames and counters may be left.
-                reset_streams=claim.taken_over or turn.attempt > 1,
-            )
-            outcome = server.run()
-        except MedSplitError as e:
-            result = _failed(turn, runner, lease, e)
-        else:
-            result = RunResult(outcome.value, job.pk, advance=outcome.value == "completed")
-        finally:
-            turn_release(turn_id=turn.pk, runner=runner)
+    cap = max_runs(job.max_retries)
+    if turn.runs > cap:
+        turn_release(turn_id=turn.pk, runner=runner)
+        return _give_up(turn, cap)
+    channel: RedisChannel | None = None
+    hooks: RunnerHooks | None = None
+    try:
+        config = job.training_config()
+        split = cached_split(job_model(job), config.cuts)
+        ids = TurnIds(config.job, claim.round_index, turn.position, config.mode, config.codec)
+        store = DatabaseCheckpointStore(
+            turn=turn,
+            round_index=claim.round_index,
+            initial=lambda: export_parties({SERVER_PARTY: server_party(split, config)}),
+        )
+        # The server updates this object in place; the meter reads the bytes off it.
+        progress = TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down)
+        meter = TurnMeter(progress)
+        # Read what the hospital sends with the job's bounds: an oversized frame is refused
+        # from its first chunk, a flooded stream at the next read (workers/relay_guard.py).
+        bounds = limits_of_job(job)
+        channel = RedisChannel(
+            options["WORKER_REDIS_URL"],
+            max_message_bytes=bounds.frame_bytes,
+            max_backlog_bytes=bounds.stream_bytes,
+        )
+        hooks = RunnerHooks(
+            turn=turn, runner=runner, lease_seconds=lease, meter=meter, guard=relay_guard()
+        )
+        logger.info(
+            "turn %s (job %s, round %s, %s): served by %s (start %d of at most %d)",
+            turn.pk,
+            job.pk,
+            claim.round_index,
+            turn.hospital.slug,
+            runner,
+            turn.runs,
+            cap,
+        )
+        with meter:
+            try:
+                server = TurnServer(
+                    ids=ids,
+                    channel=channel,
+                    streams=relay_keys().streams(config.job, turn.hospital.slug),
+                    split=split,
+                    party=server_party(split, config),
+                    store=store,
+                    hooks=hooks,
+                    limits=reported_limits(job, config, turn.hospital),
+                    hospital=turn.hospital.slug,
+                    checkpoint_every=options["CHECKPOINT_EVERY"],
+                    silence_timeout=options["TURN_SILENCE_SECONDS"],
+                    initial=progress,
+                    # After a crash or a failed attempt, stale frames and counters may be left.
+                    reset_streams=claim.taken_over or turn.attempt > 1,
+                )
+                outcome = server.run()
+                result = RunResult(outcome.value, job.pk, advance=outcome.value == "completed")
+            except Exception as e:  # every failure ends somewhere: see the docstring
+                result = _ended(turn, runner, lease, e)
+            # The meter counts the run by how it ended, as it closes.
+            meter.outcome = result.outcome
+    except Exception as e:  # the set-up itself failed
+        result = _ended(turn, runner, lease, e)
+    finally:
+        turn_release(turn_id=turn.pk, runner=runner)
+        if channel is not None:
             channel.close()
-            if hooks.guard is not None:
-                hooks.guard.client.close()
-        meter.outcome = result.outcome
+        if hooks is not None and hooks.guard is not None:
+            hooks.guard.client.close()
     return result
 
 
-def _failed(turn: Turn, runner: str, lease: float, error: Exception) -> RunResult:
+def _ended(turn: Turn, runner: str, lease: float, error: Exception) -> RunResult:
     if turn_directive(turn_id=turn.pk, runner=runner, lease_seconds=lease, renew=False) == (
         Directive.STOP
     ):
@@ -179,10 +197,32 @@ def _failed(turn: Turn, runner: str, lease: float, error: Exception) -> RunResul
         logger.warning("turn %s ended on %s after it was taken away: %s", turn.pk, runner, error)
         return RunResult("stopped", turn.job_id)
     reason = f"{type(error).__name__}: {error}"
-    logger.warning("turn %s failed: %s", turn.pk, reason)
+    if classify(error) == FailureKind.INFRASTRUCTURE:
+        wait = backoff(turn.runs)
+        logger.warning(
+            "turn %s: infrastructure failure, again in %.0f s: %s", turn.pk, wait, reason
+        )
+        turn_retry_noted(turn=turn, reason=reason, retry_in=wait)
+        return RunResult("retry", turn.job_id, retry_in=wait)
+    # A bug or an out-of-memory error gets its traceback in the log; a refusal its reason.
+    unexpected = not isinstance(error, MedSplitError)
+    logger.warning("turn %s failed: %s", turn.pk, reason, exc_info=unexpected)
     if isinstance(error, RelayOverused):
         # Before the turn fails, so that its retry cannot find the relay still full.
         relay_user_suspend(actor=Actor.system(), hospital=turn.hospital, reason=str(error))
+    turn_fail(turn=turn, reason=reason)
+    return RunResult("failed", turn.job_id, advance=True)
+
+
+def _give_up(turn: Turn, cap: int) -> RunResult:
+    """An attempt started more often than the cap allows fails, saying so."""
+    last = last_retry_reason(turn=turn)
+    reason = (
+        f"the turn's server side was started {turn.runs} times without finishing, more than "
+        f"the {cap} allowed (MEDSPLIT_TURN_MAX_RUNS, else the job's retries plus two)"
+        + (f"; the last failure: {last}" if last else "")
+    )
+    logger.warning("turn %s: %s", turn.pk, reason)
     turn_fail(turn=turn, reason=reason)
     return RunResult("failed", turn.job_id, advance=True)
 
@@ -237,6 +277,9 @@ class RunnerHooks:
             self.meter.step()
         if time.monotonic() - self._reported >= self.interval:
             self._record(progress, final=False)
+
+    def resumed(self, step: int, reason: str) -> None:
+        turn_resumed_noted(turn=self.turn, step=step, reason=reason, runner=self.runner)
 
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         self._record(progress, final=True)

@@ -18,6 +18,11 @@ keys exactly::
                                                         to another (SET by the sender,
                                                         GET by the recipient)
 
+The workers keep a third family for themselves (no hospital reaches it)::
+
+    <prefix>:worker:queue:<queue>:<worker>             "this worker consumes this queue",
+                                                        with a time to live
+
 ``<topic>`` names what a stream pair or a blob is for (:data:`STREAM_TOPICS`,
 :data:`MAIL_TOPICS`): training turns, secure-aggregation submissions and inference
 requests between a hospital and the workers; hand-offs, private-set-intersection
@@ -53,6 +58,7 @@ _JOB = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 HOSPITAL = "hospital"
 MAIL = "mail"
+WORKER = "worker"
 UP = "up"
 DOWN = "down"
 SEQ = "seq"
@@ -150,6 +156,22 @@ class RelayKeys:
             self.outbox_pattern(hospital),
         )
 
+    def worker_queue(self, queue: str, worker: str) -> str:
+        """The heartbeat key of ``worker`` consuming ``queue`` (names made key-safe)."""
+        return f"{self.prefix}:{WORKER}:queue:{_safe(queue)}:{_safe(worker)}"
+
+    def worker_queues_pattern(self) -> str:
+        """Every worker's queue heartbeat."""
+        return f"{self.prefix}:{WORKER}:queue:*"
+
+    def queue_of(self, heartbeat_key: str) -> str | None:
+        """The queue a heartbeat key names, or ``None`` for another key."""
+        head = f"{self.prefix}:{WORKER}:queue:"
+        if not heartbeat_key.startswith(head):
+            return None
+        queue, sep, _ = heartbeat_key[len(head) :].partition(":")
+        return queue if sep else None
+
     def deployment_pattern(self) -> str:
         """Every key of this deployment (the workers reach all of them)."""
         return f"{self.prefix}:*"
@@ -167,6 +189,11 @@ class RelayKeys:
         if parts[1] == MAIL and len(parts) >= 7 and parts[2] == "to" and parts[4] == "from":
             return parts[5] if _NAME.fullmatch(parts[5]) else None
         return None
+
+
+def _safe(name: str) -> str:
+    """A queue or worker name as a key part: no ``:`` and no glob characters."""
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:200]
 
 
 def _job(job: str) -> str:

@@ -18,15 +18,23 @@ from medsplit.protocol.party import Party
 
 HANDOFF_FORMAT = "medsplit.handoff"
 HANDOFF_VERSION = "1"
+NOTE = "note:"
 
 
-def export_parties(parties: Mapping[str, Party]) -> bytes:
-    """Serialise the parties a hospital holds (``front``, and ``head`` in U-shaped mode)."""
+def export_parties(
+    parties: Mapping[str, Party], *, notes: Mapping[str, str] | None = None
+) -> bytes:
+    """Serialise the parties a hospital holds (``front``, and ``head`` in U-shaped mode).
+
+    ``notes`` are kept as text beside them, under ``note:<name>`` (a snapshot keeps the
+    turn's losses so far there); :func:`read_notes` gives them back.
+    """
     tensors: dict = {}
     metadata = {
         "format": HANDOFF_FORMAT,
         "version": HANDOFF_VERSION,
         "parties": json.dumps(sorted(parties)),
+        **{f"{NOTE}{name}": text for name, text in (notes or {}).items()},
     }
     for name, party in parties.items():
         t, m = party.export_state(f"{name}:")
@@ -60,6 +68,15 @@ def import_parties(data: bytes, parties: Mapping[str, Party]) -> None:
     ]
     for apply in appliers:
         apply()
+
+
+def read_notes(data: bytes) -> dict[str, str]:
+    """The notes :func:`export_parties` kept beside the parties (none: ``{}``)."""
+    try:
+        metadata = read_safetensors_metadata(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return {k[len(NOTE) :]: v for k, v in metadata.items() if k.startswith(NOTE)}
 
 
 def read_safetensors_metadata(data: bytes | bytearray | memoryview) -> dict[str, str]:

@@ -11,6 +11,7 @@ and continues from there. Batches are the job's deterministic sequence
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from medsplit.errors import ChannelTimeout, ConfigError, FrameError, MedSplitErr
 from medsplit.modes import Mode
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits, FrameRejected
-from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.protocol.handoff import export_parties, import_parties, read_notes
 from medsplit.protocol.layouts import make_client
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LOGITS, ClientRole, LossFn, StepResult, boundary_spec
@@ -53,6 +54,7 @@ SERVER = "the server"
 
 StepCallback = Callable[[StepResult], None]
 _STOP_POLL_SECONDS = 1.0
+LOSSES_NOTE = "turn_losses"
 
 
 class ClientOutcome(StrEnum):
@@ -254,7 +256,7 @@ class TurnClient:
 
     def _interrupted(self, report: ClientReport) -> ClientReport:
         if self.role is not None and self.position <= self.train_steps:
-            self.snapshots.save(self.position, self.state())  # nothing of it applied yet
+            self.snapshots.save(self.position, self._snapshot())  # nothing of it applied yet
         report.outcome = ClientOutcome.INTERRUPTED
         report.steps = min(self.position, self.train_steps)
         logger.info("turn %s interrupted before step %d", self.ids.position, self.position)
@@ -269,17 +271,29 @@ class TurnClient:
             report.outcome = ClientOutcome.PAUSED
             if step == self.position and step <= self.train_steps:
                 # Nothing of step `step` was applied yet: this is the state "before" it.
-                self.snapshots.save(step, self.state())
+                self.snapshots.save(step, self._snapshot())
         else:
             report.outcome = ClientOutcome.STOPPED
         logger.info("turn %s at step %d: %s", self.ids.position, step, report.outcome)
         return report
 
+    def _snapshot(self) -> bytes:
+        """The state, and the losses of the turn's steps so far: a restarted agent reports
+        the loss of the whole turn, not of the steps since it came back. Kept in the
+        snapshot only, never in what is handed on."""
+        losses = json.dumps({str(s): v for s, v in sorted(self._losses.items())})
+        return export_parties(self.parties, notes={LOSSES_NOTE: losses})
+
     def _restore(self, step: int) -> None:
         self.parties = self.make_parties()
         for party in self.parties.values():
             party.module.to(self.device)  # in place: the optimizer keeps its parameters
-        import_parties(self.snapshots.load(step), self.parties)
+        snapshot = self.snapshots.load(step)
+        import_parties(snapshot, self.parties)
+        kept = read_notes(snapshot).get(LOSSES_NOTE)
+        if kept:
+            # Those of this run win: the same steps, done again, give the same losses.
+            self._losses = {**_losses_of(kept), **self._losses}
         self.role = make_client(
             self.ids.mode, self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
         )
@@ -329,7 +343,7 @@ class TurnClient:
             self.on_step(result)
         self.position += 1
         if self.position % self.checkpoint_every == 0 or self.position == self.train_steps:
-            self.snapshots.save(self.position, self.state())
+            self.snapshots.save(self.position, self._snapshot())
         if self.stop.is_set():
             return None  # the run loop ends here, with a snapshot before the next step
         return self._next_frame()
@@ -417,6 +431,14 @@ class TurnClient:
         payload = encode_frame(frame, max_bytes=self.max_frame_bytes)
         self.channel.send(self.streams.up, payload)
         report.bytes_up += len(payload)
+
+
+def _losses_of(text: str) -> dict[int, float]:
+    """The losses a snapshot kept; nothing when they do not read (an older snapshot)."""
+    try:
+        return {int(step): float(loss) for step, loss in json.loads(text).items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _float(frame: Frame) -> torch.dtype:

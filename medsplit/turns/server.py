@@ -76,6 +76,9 @@ class ServerOutcome(StrEnum):
     STOPPED = "stopped"
 
 
+_FIRST_START = "the turn's first start"
+
+
 class TurnFailed(MedSplitError):
     """The turn cannot go on; the message says why and whose fault it is."""
 
@@ -140,6 +143,11 @@ class TurnHooks(Protocol):
 
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         """The turn ended with the hospital's validation metrics; record it."""
+        ...
+
+    def resumed(self, step: int, reason: str) -> None:
+        """The turn goes on from before ``step`` after a handshake other than its very
+        first start (a new run of the server, the hospital coming back): record it."""
         ...
 
 
@@ -226,6 +234,7 @@ class TurnServer:
         self._answered = False  # the role holds the answer to step next_step - 1
         self._step_samples = 0
         self.role: ServerRole = self._new_role()
+        self._why_handshake = _FIRST_START
 
     # -- the turn -----------------------------------------------------------------------
 
@@ -247,6 +256,8 @@ class TurnServer:
                 # still holding the old place reconnects and says hello again.
                 self.channel.reset(self.streams.up)
                 self.channel.reset(self.streams.down)
+            if len(self.store.steps()) > 1:  # checkpoints of an earlier run are there
+                self._why_handshake = "a new run of the server"
             self._handshake()
             while True:
                 frame = self._next_frame(at_boundary=not self._mid_step)
@@ -277,6 +288,7 @@ class TurnServer:
         if kind == FrameKind.REJOIN:
             if self._rejoin_nonce(frame) == control.HELLO:
                 logger.info("%s: the hospital came back; starting a new handshake", self._where())
+                self._why_handshake = "the hospital came back"
                 # The weights hold every step before next_step (a step's update comes with
                 # its last exchange): keep them, so a hospital that stopped cleanly there
                 # need not go back further.
@@ -346,6 +358,9 @@ class TurnServer:
             self._restore(start)
             self._send(control.resume(self.ids, self.nonce, start, self.checkpoint_every))
             logger.info("%s: resuming at step %d", self._where(), start)
+            if start > 0 or self._why_handshake != _FIRST_START:
+                self.hooks.resumed(start, self._why_handshake)
+            self._why_handshake = _FIRST_START
             return
 
     def _rejoin_nonce(self, frame: Frame) -> int:

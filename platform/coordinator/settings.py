@@ -7,12 +7,14 @@ embedded coordinator on SQLite. See docs/deploy.md.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kernel.cache import cache_settings
 from medsplit.passwords import WeakPasswordError, check_password
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -33,7 +35,9 @@ ALLOWED_HOSTS = [
 ]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Django's admin, with the coordinator's own site (coordinator/admin_site.py); its
+    # URLs exist only with MEDSPLIT_DJANGO_ADMIN=1 (below).
+    "coordinator.admin_app.AdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -93,8 +97,12 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     # Writers queue for the lock instead of failing with "database is locked".
     DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
-    # A file, not memory, so that workers started by the tests share the test database.
-    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-coordinator.sqlite3")}
+    # A file, not memory, so that workers started by the tests share the test database
+    # (they are handed its path); in the temporary folder, one per test run, so that
+    # runs side by side never share one and the tests write nothing into the tree.
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(Path(tempfile.gettempdir()) / f"medsplit-test-{os.getpid()}.sqlite3")
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -132,7 +140,38 @@ CSRF_COOKIE_HTTPONLY = False  # the dashboard's scripts read it to send X-CSRFTo
 SESSION_COOKIE_SECURE = os.environ.get("MEDSPLIT_SECURE_COOKIES", "0") == "1"
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+def _int_setting(name: str, default: int, *, least: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ImproperlyConfigured(
+            f"{name} must be a whole number of at least {least}, got {raw!r}"
+        )
+    return value
+
+
+# How many reverse proxies stand in front of gunicorn, each overwriting X-Forwarded-For
+# with the address it was reached from (docs/deploy.md's nginx sample). 0: no proxy, the
+# peer address is the client's. Throttles and the audit log read the client's address
+# through kernel.actors.client_ip, the one function that applies this.
+TRUSTED_PROXIES = _int_setting("MEDSPLIT_TRUSTED_PROXIES", 0, least=0)
+if TRUSTED_PROXIES:
+    # Behind the proxy, which terminates TLS and says so (it overwrites the header).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Shared by every gunicorn process (throttles, sign-in delays, long-poll slots, cut
+# tables) in any deployment; local memory only in the embedded, one-process mode.
+try:
+    CACHES = cache_settings(
+        os.environ.get("MEDSPLIT_CACHE_URL", "").strip(),
+        key_prefix=f"{os.environ.get('MEDSPLIT_RELAY_PREFIX', 'medsplit')}-cache",
+    )
+except ValueError as e:
+    raise ImproperlyConfigured(str(e)) from e
 
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes "not signed in" a 401, not a 403.
@@ -140,8 +179,8 @@ REST_FRAMEWORK = {
         "hospitals.authentication.AgentTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # Trust no X-Forwarded-For: throttles and the audit log use the peer address.
-    "NUM_PROXIES": 0,
+    # X-Forwarded-For is read only behind this many proxies (MEDSPLIT_TRUSTED_PROXIES).
+    "NUM_PROXIES": TRUSTED_PROXIES,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "kernel.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -152,6 +191,8 @@ REST_FRAMEWORK = {
         "sign_in": os.environ.get("MEDSPLIT_THROTTLE_SIGN_IN", "10/minute"),
         "enrolment": os.environ.get("MEDSPLIT_THROTTLE_ENROLMENT", "10/minute"),
         "token": os.environ.get("MEDSPLIT_THROTTLE_TOKEN", "30/minute"),
+        # Each new input shape costs seconds of CPU (training/validation.py).
+        "cut_table": os.environ.get("MEDSPLIT_THROTTLE_CUT_TABLE", "30/minute"),
     },
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
@@ -178,6 +219,18 @@ SPECTACULAR_SETTINGS = {
 
 # MedSplit's own settings.
 MEDSPLIT = {
+    # Django's admin at /admin/ (read-only model pages; people sign in on the dashboard).
+    # Off unless asked for, and off by default outside development.
+    "DJANGO_ADMIN": os.environ.get("MEDSPLIT_DJANGO_ADMIN", "1" if DEBUG else "0") == "1",
+    # Failed sign-ins for one username from one address: the first few are free, then
+    # each further attempt waits twice as long as the one before, up to the cap
+    # (accounts/sign_in_delay.py). Never a lock-out: the delay runs out by itself.
+    "SIGN_IN_FREE_FAILURES": _int_setting("MEDSPLIT_SIGN_IN_FREE_FAILURES", 5, least=1),
+    "SIGN_IN_MAX_DELAY_SECONDS": _int_setting("MEDSPLIT_SIGN_IN_MAX_DELAY", 900, least=1),
+    # Agents' long-polls that may wait at once in one gunicorn process; beyond it a poll
+    # is answered at once ("no change"), so people's requests always find a thread. Keep
+    # it below gunicorn's --threads (docker-compose: 8 threads, 4 long-polls).
+    "LONG_POLLS_PER_PROCESS": _int_setting("MEDSPLIT_LONG_POLLS_PER_PROCESS", 4, least=0),
     # A hospital not heard from for this long is shown offline.
     "HOSPITAL_OFFLINE_AFTER_SECONDS": int(os.environ.get("MEDSPLIT_OFFLINE_AFTER", "120")),
     # One-time enrolment codes expire after this long.
@@ -215,6 +268,12 @@ MEDSPLIT = {
     "TURN_SILENCE_SECONDS": float(os.environ.get("MEDSPLIT_TURN_SILENCE", "120")),
     # A worker renews its hold on a turn well within this; a killed one loses it after.
     "TURN_LEASE_SECONDS": float(os.environ.get("MEDSPLIT_TURN_LEASE", "30")),
+    # How often one attempt of a turn may be started (take-overs, retries after the
+    # database or the relay went away) before it fails saying so; unset: the job's
+    # retries plus two (workers/failures.py).
+    "TURN_MAX_RUNS": int(os.environ["MEDSPLIT_TURN_MAX_RUNS"])
+    if os.environ.get("MEDSPLIT_TURN_MAX_RUNS")
+    else None,
     # How often the scheduler's sweep looks for work nobody is doing.
     "SWEEP_SECONDS": float(os.environ.get("MEDSPLIT_SWEEP_SECONDS", "5")),
     # Deterministic kernels in the workers, so that invariant 1 (exactness) holds.
@@ -222,6 +281,10 @@ MEDSPLIT = {
     # Bearer token Prometheus presents at GET /metrics (monitoring/); unset: only a signed-in
     # consortium admin may read the metrics.
     "METRICS_TOKEN": os.environ.get("MEDSPLIT_METRICS_TOKEN", ""),
+    # Keys of the audit rows' MACs, "<id>:<base64 of 32 random bytes>" separated by commas,
+    # the first for new rows (audit/macs.py); the database never holds them. Unset: one
+    # derived from MEDSPLIT_SECRET_KEY (the embedded mode; `check --deploy` warns).
+    "AUDIT_MAC_KEYS": os.environ.get("MEDSPLIT_AUDIT_MAC_KEYS", ""),
     # Port (and address) where each Celery worker serves its own Prometheus metrics
     # (workers/metrics.py); unset: not served.
     "WORKER_METRICS_PORT": (
@@ -240,7 +303,12 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or MEDSPLIT["WORKER_REDI
 def _check_relay_passwords() -> None:
     """Every process refuses to start with a guessable relay password: Redis answers tens
     of thousands of AUTH attempts a second (medsplit.passwords)."""
-    for name in ("REDIS_URL", "MEDSPLIT_WORKER_REDIS_URL", "CELERY_BROKER_URL"):
+    for name in (
+        "REDIS_URL",
+        "MEDSPLIT_WORKER_REDIS_URL",
+        "CELERY_BROKER_URL",
+        "MEDSPLIT_CACHE_URL",
+    ):
         password = urlsplit(os.environ.get(name) or "").password
         if password:
             try:

@@ -1,6 +1,7 @@
 """URL routes: the dashboard at /, the REST API under /api/, its schema and docs,
-Prometheus metrics at /metrics, and Django's admin."""
+Prometheus metrics at /metrics, and Django's admin only with ``MEDSPLIT_DJANGO_ADMIN=1``."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import ensure_csrf_cookie
@@ -14,7 +15,6 @@ dashboard = ensure_csrf_cookie(TemplateView.as_view(template_name="index.html"))
 
 urlpatterns = [
     path("", dashboard, name="dashboard"),
-    path("admin/", admin.site.urls),
     path("metrics", MetricsView.as_view(), name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
@@ -22,4 +22,10 @@ urlpatterns = [
     path("api/", include("hospitals.api.urls")),
     path("api/", include("training.api.urls")),
     path("api/", include("audit.api.urls")),
+    path("api/", include("monitoring.urls")),
 ]
+
+# Off by default in production: every change goes through the API's services, and the
+# admin's pages are read-only (coordinator/admin_site.py has no login form of its own).
+if settings.MEDSPLIT["DJANGO_ADMIN"]:
+    urlpatterns.append(path("admin/", admin.site.urls))

@@ -31,6 +31,7 @@ class Hospital(models.Model):
         IDLE = "idle"
         BUSY = "busy"  # taking its turn in a job
         ERROR = "error"
+        DATA_PROBLEM = "data_problem"  # running, but its local data cannot be used
 
     name = models.CharField(max_length=200, unique=True)
     slug = models.SlugField(max_length=64, unique=True, validators=[slug_validator])
@@ -38,11 +39,27 @@ class Hospital(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
     created_at = models.DateTimeField(auto_now_add=True)
     approved_at = models.DateTimeField(null=True, blank=True)
-    # The agent's X25519 public key (32 bytes, base64); hand-offs are encrypted to it.
-    public_key = models.CharField(max_length=64, blank=True)
+    # The static X25519 public key (32 bytes, base64) of agents enrolled before identity
+    # keys; kept for the record. No hand-off is sealed to it any more.
+    legacy_public_key = models.CharField(max_length=64, blank=True)
+    # The agent's ML-DSA-65 identity key (1,952 bytes, base64): it signs the hospital's
+    # hand-offs and per-job keys. Its SHA-256 (hex) is pinned here at enrolment and shown to
+    # administrators and agents for comparison out of band.
+    identity_key = models.TextField(blank=True)
+    identity_fingerprint = models.CharField(max_length=64, blank=True)
+    # How many identity keys the hospital has had: each re-enrolment with a new key (and the
+    # one move from a legacy key) adds one, is audited, and is what peers' agents accept a
+    # changed key for.
+    identity_generation = models.PositiveIntegerField(default=0)
+    identity_enrolled_at = models.DateTimeField(null=True, blank=True)
     enrolled_at = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
     agent_status = models.CharField(max_length=16, choices=AgentStatus.choices, blank=True)
+    # Why the agent's local data cannot be used (files and checks, never pixel values),
+    # as its last heartbeat said; its dataset summary is cleared meanwhile.
+    data_problem = models.TextField(blank=True)
+    # When the agent's process started, as it says: a new value is a restart, audited.
+    agent_started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # Shape, count per label and split sizes as the agent reported them; never data.
     dataset_summary = models.JSONField(default=dict, blank=True)

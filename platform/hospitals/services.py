@@ -32,7 +32,7 @@ from hospitals.errors import (
     EnrolmentCodeUnknown,
     EnrolmentCodeUsed,
 )
-from hospitals.keys import parse_x25519_public_key
+from hospitals.keys import IdentityKey, parse_identity_key
 from hospitals.models import (
     SLUG_PATTERN,
     AgentToken,
@@ -353,25 +353,63 @@ def _revoke_tokens(hospital: Hospital, now: datetime) -> list[str]:
     return key_ids
 
 
-def agent_enrol(*, code: str, public_key: str, source_ip: str | None = None) -> Enrolment:
-    """An agent exchanges a one-time enrolment code and its X25519 public key for its
-    token and its relay credentials (both shown once).
+def _parse_identity(identity_key: str) -> IdentityKey:
+    try:
+        return parse_identity_key(identity_key)
+    except ValueError as e:
+        raise InvalidInput(
+            "the identity key is unusable", details={"identity_key": [str(e)]}
+        ) from None
+
+
+def _set_identity(
+    hospital: Hospital, identity: IdentityKey, now: datetime
+) -> dict[str, Any] | None:
+    """Pin ``identity`` as the hospital's; returns the ``identity.replaced`` details when it
+    replaces another key (an identity or a legacy one), ``None`` when nothing changed or
+    the hospital had no key before."""
+    if hospital.identity_key == identity.text:
+        return None
+    replaced = {
+        "previous_fingerprint": hospital.identity_fingerprint or None,
+        "previous_generation": hospital.identity_generation,
+        "legacy_public_key": hospital.legacy_public_key or None,
+    }
+    had_key = bool(hospital.identity_key or hospital.legacy_public_key)
+    hospital.identity_key = identity.text
+    hospital.identity_fingerprint = identity.fingerprint
+    hospital.identity_generation += 1
+    hospital.identity_enrolled_at = now
+    return (
+        {
+            **replaced,
+            "identity_fingerprint": identity.fingerprint,
+            "identity_generation": hospital.identity_generation,
+        }
+        if had_key
+        else None
+    )
+
+
+def agent_enrol(*, code: str, identity_key: str, source_ip: str | None = None) -> Enrolment:
+    """An agent exchanges a one-time enrolment code and its ML-DSA-65 identity public key
+    for its token and its relay credentials (both shown once).
 
     A code works once: the code's row is locked and marked used in the same transaction,
     so of two agents racing with one code only one enrols. A re-enrolling hospital's
-    earlier tokens are revoked and its relay password replaced. A code that cannot be
-    used changes nothing, and the failed attempt is audited.
+    earlier tokens are revoked and its relay password replaced. The identity key's
+    fingerprint is pinned; a new identity key advances the hospital's identity generation
+    (what other hospitals' agents accept a changed key for) and is audited as
+    ``identity.replaced``. A code that cannot be used changes nothing, and the failed
+    attempt is audited.
 
     Raises:
-        InvalidInput: a malformed code or public key.
+        InvalidInput: a malformed code or identity key.
         EnrolmentCodeUnknown (404): no such code.
         EnrolmentCodeUsed / EnrolmentCodeRevoked / EnrolmentCodeExpired (410).
         RelayProvisioningFailed (503): the relay user could not be created.
     """
-    try:
-        key = parse_x25519_public_key(public_key)
-    except ValueError as e:
-        raise InvalidInput("the public key is unusable", details={"public_key": [str(e)]}) from None
+    identity = _parse_identity(identity_key)
     parts = secrets.split(code, CODE_PREFIX)
     if parts is None:
         raise InvalidInput(
@@ -385,7 +423,7 @@ def agent_enrol(*, code: str, public_key: str, source_ip: str | None = None) -> 
             return _enrol(
                 candidate=candidate,
                 random_part=random_part,
-                public_key=key,
+                identity=identity,
                 source_ip=source_ip,
             )
     except PlatformError as e:
@@ -404,7 +442,7 @@ def _enrol(
     *,
     candidate: EnrolmentCode | None,
     random_part: str,
-    public_key: str,
+    identity: IdentityKey,
     source_ip: str | None,
 ) -> Enrolment:
     # Hash always, so that a wrong secret and an unknown key id take the same time.
@@ -430,9 +468,9 @@ def _enrol(
     token = _new_token(hospital)
     previous = hospital.status
     hospital.status = Hospital.Status.ENROLLED
-    hospital.public_key = public_key
+    replaced = _set_identity(hospital, identity, now)
     hospital.enrolled_at = now
-    hospital.save(update_fields=["status", "public_key", "enrolled_at"])
+    hospital.save(update_fields=["status", "enrolled_at", *_IDENTITY_FIELDS])
     relay = _provision_relay_user(hospital, now)
     audit_record(
         actor=actor,
@@ -442,10 +480,19 @@ def _enrol(
         details={
             "enrolment_code": code.key_id,
             "previous_status": previous,
-            "public_key": public_key,
+            "identity_fingerprint": identity.fingerprint,
+            "identity_generation": hospital.identity_generation,
             "relay_user": relay.username,
         },
     )
+    if replaced is not None:
+        audit_record(
+            actor=actor,
+            action="identity.replaced",
+            target=_target(hospital),
+            hospital=hospital.slug,
+            details={**replaced, "via": f"enrolment code {code.key_id}"},
+        )
     if replaced:
         audit_record(
             actor=actor,
@@ -462,6 +509,60 @@ def _enrol(
         details={"key_id": token.key_id, "reason": "enrolled"},
     )
     return Enrolment(hospital=hospital, token=token, relay=relay)
+
+
+_IDENTITY_FIELDS = (
+    "identity_key",
+    "identity_fingerprint",
+    "identity_generation",
+    "identity_enrolled_at",
+)
+
+
+@transaction.atomic
+def agent_identity_move(*, actor: Actor, identity_key: str) -> Hospital:
+    """An agent of a hospital enrolled before identity keys (it holds only a legacy X25519
+    key here) gives its first identity key, with its current token: the one move every
+    hospital enrolled today makes, with no person involved. It is audited as
+    ``identity.replaced`` and advances the identity generation, so the other hospitals'
+    agents see it as a re-enrolment. Sending the key already held changes nothing (an
+    agent that crashed before saving the answer asks again).
+
+    Only this first step goes by token: a hospital that has an identity key changes it only
+    by re-enrolling with a fresh enrolment code from an admin, so a stolen token cannot
+    replace a key that peers have pinned.
+
+    Raises:
+        PermissionDenied: the actor is not an agent.
+        InvalidInput: a malformed identity key.
+        Conflict: the hospital has another identity key already.
+    """
+    require_agent(actor, "give its identity key")
+    identity = _parse_identity(identity_key)
+    hospital = _locked(actor.hospital)
+    if hospital.identity_key == identity.text:
+        return hospital
+    if hospital.identity_key:
+        raise Conflict(
+            f"hospital {hospital.slug!r} has an identity key already (fingerprint "
+            f"{hospital.identity_fingerprint}); a new one needs a re-enrolment with a fresh "
+            "enrolment code from the consortium",
+            details={"identity_generation": hospital.identity_generation},
+        )
+    replaced = _set_identity(hospital, identity, timezone.now())
+    hospital.save(update_fields=list(_IDENTITY_FIELDS))
+    audit_record(
+        actor=actor,
+        action="identity.replaced",
+        target=_target(hospital),
+        hospital=hospital.slug,
+        details={
+            **(replaced or {"identity_fingerprint": identity.fingerprint}),
+            "identity_generation": hospital.identity_generation,
+            "via": "the move from a legacy X25519 key, with the agent's token",
+        },
+    )
+    return hospital
 
 
 def relay_users_restore(*, actor: Actor) -> list[str]:
@@ -645,10 +746,18 @@ def hospital_tokens_revoke(*, actor: Actor, hospital: Hospital) -> Revocation:
 
 @transaction.atomic
 def agent_heartbeat(
-    *, actor: Actor, agent_status: str, agent_version: str, dataset_summary: Mapping[str, Any]
+    *,
+    actor: Actor,
+    agent_status: str,
+    agent_version: str,
+    dataset_summary: Mapping[str, Any] | None = None,
+    data_problem: str = "",
+    started_at: datetime | None = None,
 ) -> Hospital:
     """An agent says it is alive, which version it runs and what data it holds (shape,
-    counts per label, split sizes: never data). A changed version or summary is audited.
+    counts per label, split sizes: never data), or why its data cannot be used (its
+    ``data_problem``: files and checks, never pixel values); then no summary stays on show.
+    A changed version, summary or problem is audited.
 
     Raises:
         PermissionDenied: the actor is not an agent.
@@ -660,21 +769,50 @@ def agent_heartbeat(
             details={"agent_status": [f"one of {Hospital.AgentStatus.values}"]},
         )
     hospital = _locked(actor.hospital)
-    summary = dict(dataset_summary)
+    problem = data_problem.strip()
+    # Data that cannot be used has no summary worth showing: the old one goes.
+    summary = {} if problem or dataset_summary is None else dict(dataset_summary)
+    if problem:
+        agent_status = Hospital.AgentStatus.DATA_PROBLEM
     changed = [
         name
         for name, old, new in (
             ("agent_version", hospital.agent_version, agent_version),
             ("dataset_summary", hospital.dataset_summary, summary),
+            ("data_problem", hospital.data_problem, problem),
         )
         if old != new
     ]
+    restarted = started_at is not None and started_at != hospital.agent_started_at
+    if restarted:
+        audit_record(
+            actor=actor,
+            action="agent.started",
+            target=_target(hospital),
+            hospital=hospital.slug,
+            details={
+                "started_at": started_at.isoformat(),
+                "previous_start": (
+                    hospital.agent_started_at.isoformat() if hospital.agent_started_at else None
+                ),
+                "agent_version": agent_version,
+            },
+        )
+        hospital.agent_started_at = started_at
     hospital.last_seen_at = timezone.now()
     hospital.agent_status = agent_status
     hospital.agent_version = agent_version
     hospital.dataset_summary = summary
+    hospital.data_problem = problem
     hospital.save(
-        update_fields=["last_seen_at", "agent_status", "agent_version", "dataset_summary"]
+        update_fields=[
+            "last_seen_at",
+            "agent_status",
+            "agent_version",
+            "dataset_summary",
+            "data_problem",
+            "agent_started_at",
+        ]
     )
     if changed:
         audit_record(
@@ -686,6 +824,7 @@ def agent_heartbeat(
                 "changed": changed,
                 "agent_version": agent_version,
                 "dataset_summary": summary,
+                "data_problem": problem[:500],
             },
         )
     return hospital

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from hospitals.models import Hospital
+from hospitals.relay_acl import relay_keys
 from hospitals.selectors import hospital_list
 from kernel.actors import Actor
 from training.models import Job, MetricPoint, Turn
@@ -188,6 +189,17 @@ class ConsortiumCollector(Collector):
             for queue, depth in depths.items():
                 length.add_metric([queue], depth)
             yield length
+        consumers = queue_consumers(self.queues)
+        if consumers is not None:
+            live = GaugeMetricFamily(
+                "medsplit_celery_queue_consumers",
+                "Live workers consuming each queue (their heartbeats); 0: tasks sent there "
+                "wait for ever.",
+                labels=["queue"],
+            )
+            for queue, n in consumers.items():
+                live.add_metric([queue], n)
+            yield live
 
 
 def queue_lengths(broker_url: str, queues: Sequence[str]) -> dict[str, int] | None:
@@ -223,6 +235,37 @@ def queue_lengths(broker_url: str, queues: Sequence[str]) -> dict[str, int] | No
     for (queue, _), n in zip(keys, lengths, strict=True):
         depths[queue] += n
     return depths
+
+
+def queue_consumers(queues: Sequence[str]) -> dict[str, int] | None:
+    """How many live workers consume each of ``queues`` (their heartbeats on the relay,
+    ``workers/queue_heartbeat.py``); ``None`` if the relay cannot be asked."""
+    keys = relay_keys()
+    try:
+        client = redis.Redis.from_url(
+            settings.MEDSPLIT["REDIS_URL"],
+            socket_connect_timeout=BROKER_TIMEOUT_SECONDS,
+            socket_timeout=BROKER_TIMEOUT_SECONDS,
+        )
+    except ValueError as e:  # not a URL redis-py understands
+        logger.warning("cannot read the workers' queue heartbeats: %s", e)
+        return None
+    try:
+        found = [
+            k.decode() if isinstance(k, bytes) else k
+            for k in client.scan_iter(match=keys.worker_queues_pattern(), count=1000)
+        ]
+    except (redis.RedisError, OSError) as e:
+        logger.warning("cannot read the workers' queue heartbeats: %s", e)
+        return None
+    finally:
+        client.close()
+    consumers = dict.fromkeys(queues, 0)
+    for key in found:
+        queue = keys.queue_of(key)
+        if queue is not None:
+            consumers[queue] = consumers.get(queue, 0) + 1
+    return consumers
 
 
 def celery_queues() -> list[str]:

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from audit.services import audit_record
 from kernel.actors import Actor
 from medsplit.turns import Directive
@@ -104,6 +105,44 @@ def turn_directive(*, turn_id: int, runner: str, lease_seconds: float, renew: bo
         if not held:
             return Directive.STOP
     return Directive.RUN
+
+
+def turn_retry_noted(*, turn: Turn, reason: str, retry_in: float) -> None:
+    """Record that a run of ``turn`` ended on an infrastructure failure (the database, the
+    relay, the storage) and that it runs again in ``retry_in`` seconds: the same attempt,
+    from its last checkpoint, costing the job no retry."""
+    audit_record(
+        actor=Actor.system(),
+        action="turn.run_interrupted",
+        target=f"turn:{turn.pk}",
+        hospital=turn.hospital.slug,
+        job_id=turn.job_id,
+        details={"reason": reason[:500], "retry_in_s": round(retry_in, 1), "runs": turn.runs},
+    )
+
+
+def turn_resumed_noted(*, turn: Turn, step: int, reason: str, runner: str) -> None:
+    """Record that ``turn`` goes on from before ``step`` after a handshake other than its
+    first start: ``reason`` says why (the hospital came back, a new run of the server), so
+    that restarts of either side leave a trace an operator can follow."""
+    audit_record(
+        actor=Actor.system(),
+        action="turn.resumed",
+        target=f"turn:{turn.pk}",
+        hospital=turn.hospital.slug,
+        job_id=turn.job_id,
+        details={"step": step, "reason": reason, "runner": runner, "runs": turn.runs},
+    )
+
+
+def last_retry_reason(*, turn: Turn) -> str:
+    """Why the last run of ``turn`` was interrupted, if one was (see :func:`turn_retry_noted`)."""
+    event = (
+        AuditEvent.objects.filter(action="turn.run_interrupted", target=f"turn:{turn.pk}")
+        .order_by("-id")
+        .first()
+    )
+    return str(event.details.get("reason", "")) if event is not None else ""
 
 
 def turn_release(*, turn_id: int, runner: str) -> None:

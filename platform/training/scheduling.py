@@ -37,10 +37,11 @@ def job_advance(*, job_id: int) -> Turn | None:
     return turn
 
 
-def turn_dispatched(*, turn_id: int) -> None:
-    """Note that a runner task was sent for the turn (the sweep waits a lease before
-    sending another, in case the first is only queued behind other work)."""
-    Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())
+def turn_dispatched(*, turn_id: int, delay: float = 0.0) -> None:
+    """Note that a runner task was sent for the turn, to start in ``delay`` seconds (the
+    sweep waits a lease past that before sending another, in case the first is only
+    queued behind other work)."""
+    Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now() + timedelta(seconds=delay))
 
 
 def turns_without_runner(*, now: datetime | None = None) -> list[int]:

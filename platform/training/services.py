@@ -124,7 +124,15 @@ def job_create(*, actor: Actor, data: Mapping[str, Any]) -> Job:
     return job
 
 
-def job_transition(*, job: Job, to: JobState | str, actor: Actor, reason: str = "") -> Job:
+def job_transition(
+    *,
+    job: Job,
+    to: JobState | str,
+    actor: Actor,
+    reason: str = "",
+    reason_of: Hospital | None = None,
+    shared_reason: str = "",
+) -> Job:
     """Move ``job`` to state ``to``: the only code that changes a job's state.
 
     The pair (current, ``to``) must be in :data:`training.states.TRANSITIONS`, and the
@@ -136,6 +144,10 @@ def job_transition(*, job: Job, to: JobState | str, actor: Actor, reason: str = 
         to: the requested state.
         actor: a consortium admin, or the system for the scheduler's transitions.
         reason: why, for the job's history and the audit log.
+        reason_of: the hospital whose failure ``reason`` tells, if it does: the other
+            participants see ``shared_reason`` instead (kernel.permissions: least
+            privilege).
+        shared_reason: what the other participants see instead of ``reason``.
 
     Returns:
         The job as stored after the transition.
@@ -177,9 +189,19 @@ def job_transition(*, job: Job, to: JobState | str, actor: Actor, reason: str = 
             locked.started_at = now
         locked.state = requested
         locked.state_reason = reason[:_MAX_REASON]
+        locked.state_reason_hospital = reason_of
+        locked.state_reason_shared = shared_reason[:_MAX_REASON] if reason_of else ""
         locked.state_changed_at = now
         locked.save(
-            update_fields=["state", "state_reason", "state_changed_at", "started_at", "finished_at"]
+            update_fields=[
+                "state",
+                "state_reason",
+                "state_reason_hospital",
+                "state_reason_shared",
+                "state_changed_at",
+                "started_at",
+                "finished_at",
+            ]
         )
         _audit(
             actor,
@@ -526,11 +548,16 @@ def turn_fail(*, turn: Turn, reason: str) -> Turn:
             )
         if outcome == "job failed" and job.state in (JobState.RUNNING, JobState.PAUSED):
             tries = f" after {locked.attempt} attempts" if job.on_failure == OnFailure.RETRY else ""
+            what = f"turn {locked.pk} of {locked.hospital.slug} failed{tries}"
             job_transition(
                 job=job,
                 to=JobState.FAILED,
                 actor=_system(),
-                reason=f"turn {locked.pk} of {locked.hospital.slug} failed{tries}: {reason}",
+                reason=f"{what}: {reason}",
+                # Its reason is that hospital's; the other participants see which turn.
+                reason_of=locked.hospital,
+                shared_reason=f"{what} (its reason is shown to {locked.hospital.slug} and "
+                "the consortium's admins)",
             )
         # Audited after job_transition's row updates: audit_record is called last.
         _audit(

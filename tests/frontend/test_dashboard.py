@@ -15,15 +15,23 @@ from playwright.sync_api import expect
 from audit.models import AuditEvent
 from hospitals import services as hospital_services
 from kernel.actors import Actor
+from medsplit.protocol.keys import (
+    fingerprint,
+    format_fingerprint,
+    generate_identity_key,
+    identity_public_b64,
+)
 from medsplit.training.verify import deterministic
 from tests.frontend.conftest import screenshot, sign_in
+from tests.security import test_least_privilege as least_privilege
+from tests.security.test_least_privilege import failed_job
 from tests.workers.hospitals import Hospitals, local_data, report_sizes
 from tests.workers.processes import Processes, processes, wait_until
 from training import services
 from training.models import Job
 from training.states import JobState
 
-__all__ = ["processes"]
+__all__ = ["failed_job", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -166,6 +174,11 @@ def test_filter_the_audit_log(open_page, consortium_admin, three_hospitals, make
 def test_a_hospital_admin_sees_only_their_own_hospital(
     open_page, hospital_admin, hospital_a, hospital_b
 ) -> None:
+    identity = generate_identity_key()
+    hospital_a.identity_key = identity_public_b64(identity)
+    hospital_a.identity_fingerprint = fingerprint(identity)
+    hospital_a.identity_generation = 1
+    hospital_a.save()
     page = open_page()
     sign_in(page, hospital_admin.username)
     page.goto("/#/hospitals")
@@ -173,8 +186,34 @@ def test_a_hospital_admin_sees_only_their_own_hospital(
     assert page.get_by_test_id(f"hospital-row-{hospital_b.slug}").count() == 0
     page.goto(f"/#/hospitals/{hospital_a.slug}")
     page.get_by_role("heading", name=re.compile(hospital_a.name)).wait_for()
+    # The fingerprint as `medsplit-agent status` prints it at the hospital, to compare.
+    expect(page.get_by_test_id("identity-fingerprint")).to_have_text(
+        format_fingerprint(fingerprint(identity))
+    )
     screenshot(page, "hospital")
     page.goto(f"/#/hospitals/{hospital_b.slug}")
     page.get_by_role("heading", name="Not found").wait_for()
     assert hospital_b.name not in page.inner_text("main")
     assert page.get_by_role("link", name="New job").count() == 0
+
+
+def test_a_hospital_admin_sees_the_others_part_of_a_job_as_names_states_and_samples(
+    open_page, hospital_admin, failed_job
+) -> None:
+    """The job page works with the fields the API leaves out of other hospitals' turns
+    (kernel/permissions.py): dashes where they would be, and none of their data."""
+    page = open_page()
+    sign_in(page, hospital_admin.username)
+    page.goto(f"/#/jobs/{failed_job.pk}")
+    page.get_by_test_id("job-state").filter(has_text="failed").wait_for()
+    turns = page.locator(".job-turns table")
+    theirs = turns.locator("tr", has_text="City General")
+    mine = turns.locator("tr", has_text="St Marys")
+    expect(theirs).to_contain_text("640")  # their sample count
+    expect(mine).to_contain_text("val accuracy")
+    text = page.inner_text("main")
+    assert not re.search(r"\b(NaN|undefined|null)\b", text), text
+    for secret in least_privilege.SECRETS:
+        assert secret not in text
+    assert "its reason is shown to city-general" in text
+    screenshot(page, "job-hospital-admin")

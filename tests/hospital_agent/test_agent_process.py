@@ -11,9 +11,12 @@ import pytest
 from django.utils import timezone
 from PIL import Image
 
+from audit.models import AuditEvent
 from hospitals import services as hospital_services
 from hospitals.models import Hospital
+from hospitals.selectors import hospital_is_online
 from kernel.actors import Actor
+from kernel.errors import InvalidInput
 from tests.hospital_agent.test_end_to_end import consortium
 from tests.workers.processes import Processes, processes, wait_until
 from training import services
@@ -102,6 +105,15 @@ def test_unusable_data_fails_the_turn_naming_the_file_and_no_pixel(
     wait_until("the agent to give its turn up", failed, 60, processes)
     assert f"{hospital.slug} reported a failed precondition" in turn.failure_reason
     assert "scan-07.png" in turn.failure_reason and "scan-11.png" in turn.failure_reason
+    # Its heartbeats now say so, and the summary reported before no longer shows.
+    wait_until(
+        "the agent to report its data problem",
+        lambda: Hospital.objects.get(pk=hospital.pk).agent_status == "data_problem",
+        30,
+        processes,
+    )
+    hospital.refresh_from_db()
+    assert "scan-07.png" in hospital.data_problem and hospital.dataset_summary == {}
     # The images' pixel values are 40..51; the reason names files (their folder aside:
     # pytest's temporary path holds numbers of its own), never a value.
     reason = turn.failure_reason.split(":", 1)[1].replace(str(folder), "<folder>")
@@ -118,7 +130,7 @@ def test_sigterm_stops_the_agent_cleanly_and_a_restart_reuses_its_identity(
     code = registration.enrolment_code.plaintext
     agent = start(processes, consortium, tmp_path, code, kind="synthetic", samples="40")
     wait_until("the agent to enrol", lambda: enrolled(hospital), 60, processes)
-    key = hospital.public_key
+    key = hospital.identity_key
     agent.send_signal(signal.SIGTERM)
     wait_until("the agent to stop", lambda: agent.poll() is not None, 30, processes)
     assert agent.returncode == 0
@@ -132,5 +144,44 @@ def test_sigterm_stops_the_agent_cleanly_and_a_restart_reuses_its_identity(
         return again.poll() is None and hospital.last_seen_at > restarted
 
     wait_until("a heartbeat from the restarted agent", fresh_heartbeat, 30, processes)
-    assert hospital.public_key == key
+    assert hospital.identity_key == key
     assert (processes.folder / "agent.log").read_text().count("enrolled as") == 1
+    # Both starts are in the audit log, the second naming the first.
+    starts = AuditEvent.objects.filter(action="agent.started", hospital=hospital.slug)
+    assert starts.count() == 2
+    assert starts.order_by("id").last().details["previous_start"] is not None
+
+
+def test_an_agent_whose_data_is_broken_keeps_heartbeating_and_says_why(
+    processes: Processes, consortium: str, tmp_path: Path, admin_actor: Actor
+) -> None:
+    """Before: it sent no heartbeat, so it showed "offline" and a new job was refused with
+    "has not reported a dataset summary yet; start its agent", though it was running."""
+    archive = tmp_path / "breast.npz"
+    archive.write_bytes(b"PK\x03\x04 a truncated archive")
+    registration = hospital_services.hospital_register(actor=admin_actor, name="Truncated Data")
+    hospital = registration.hospital
+    start(
+        processes, consortium, tmp_path, registration.enrolment_code.plaintext,
+        kind="medmnist", path=str(archive),
+    )  # fmt: skip
+
+    def reports_the_problem() -> bool:
+        hospital.refresh_from_db()
+        return hospital.agent_status == "data_problem" and bool(hospital.data_problem)
+
+    wait_until("the agent to report its data problem", reports_the_problem, 60, processes)
+    assert "breast.npz" in hospital.data_problem
+    assert hospital.dataset_summary == {}, "no summary on show as if it were valid"
+    assert hospital_is_online(hospital=hospital)
+    with pytest.raises(InvalidInput) as refused:
+        services.job_create(
+            actor=admin_actor,
+            data={
+                "model": "small_cnn",
+                "num_classes": 2,
+                "cuts": ["pool1"],
+                "participants": [{"hospital": hospital.slug}],
+            },
+        )
+    assert "reports a problem with its data" in str(refused.value.details)

@@ -30,6 +30,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "heartbeat_seconds": (7.5, 2.0),
     "poll_seconds": (3.0, 0.0),
     "reply_timeout": (45.0, 120.5),
+    "deterministic": (False, True),
     "data.kind": ("synthetic", "medmnist"),
     "data.path": ("/data/sample", "/data/other"),
     "data.split": ("val", "test"),
@@ -58,6 +59,7 @@ BAD_TEXT: list[tuple[str, str]] = [
     ("poll_seconds", "-1"),
     ("reply_timeout", "0"),
     ("reply_timeout", "nan"),
+    ("deterministic", "sometimes"),
     ("data.kind", "dicom"),
     ("data.samples", "many"),
     ("data.samples", "2.5"),
@@ -68,12 +70,21 @@ BAD_TEXT: list[tuple[str, str]] = [
     ("data.val_fraction", "half"),
 ]
 # A TOML value of the wrong type, per type of key.
-WRONG_TOML: dict[type, str] = {str: "5", Path: "5", int: "2.5", float: "true", tuple: '[1, "x"]'}
+WRONG_TOML: dict[type, str] = {
+    str: "5",
+    Path: "5",
+    int: "2.5",
+    float: "true",
+    tuple: '[1, "x"]',
+    bool: "3",
+}
 KEY_IDS = [key.name for key in KEYS]
 SOURCES = ("file", "env", "flag")
 
 
 def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str | Path):
         return json.dumps(str(value))  # a TOML basic string, for these plain values
     if isinstance(value, tuple):
@@ -83,6 +94,8 @@ def _toml_literal(value: Any) -> str:
 
 def _text(value: Any) -> str:
     """How a value is written in an environment variable or a flag."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return str(value)

@@ -280,3 +280,63 @@ def test_a_traced_split_is_shared_but_every_party_trains_its_own_copy() -> None:
     assert all(
         p is not q for p, q in zip(front.parameters(), split.segments[0].parameters(), strict=True)
     )
+
+
+def _one_turn(*, stop_after: int | None) -> tuple[list[float], list, list]:
+    """One vanilla turn over an in-memory relay; with ``stop_after``, the hospital's
+    process stops after that step and a *new* one (same snapshots, as a restarted agent)
+    finishes the turn. Returns the reported train losses, and the server's resumes."""
+    import copy
+
+    from medsplit.protocol.handoff import export_parties
+    from medsplit.training.setup import client_parties, server_party
+    from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
+    from tests.medsplit.turn_harness import ScriptedHooks
+
+    model, (data,), config = mlp(), shares(48, 1), config_for(Mode.VANILLA, rounds=1)
+    channel = InMemoryChannel()
+    split = split_model(model, data.images[:2], config.cuts)
+    ids = TurnIds(config.job, 0, 0, Mode.VANILLA)
+    streams = session_keys().streams(config.job, "h0")
+    party = server_party(split, config)
+    hooks = ScriptedHooks()
+    server = TurnServer(
+        ids=ids, channel=channel, streams=streams, split=split, party=party,
+        store=MemoryCheckpointStore(export_parties({"server": copy.deepcopy(party)})),
+        hooks=hooks, batch_size=8, checkpoint_every=2, poll_interval=0.05,
+    )  # fmt: skip
+    snapshots = MemorySnapshots()
+    stop = threading.Event()
+
+    def hospital() -> TurnClient:
+        return TurnClient(
+            ids=ids, channel=channel, streams=streams, split=split,
+            parties=lambda: client_parties(split, config),
+            start=export_parties(client_parties(split, config)), config=config, train=data,
+            val=None, snapshots=snapshots, reply_timeout=10, stop=stop, device="cpu",
+            on_step=lambda r: stop.set() if stop_after is not None and r.ids.step == stop_after
+            else None,
+        )  # fmt: skip
+
+    thread = threading.Thread(target=server.run)
+    with deterministic():
+        thread.start()
+        report = hospital().run()
+        if stop_after is not None:
+            assert report.outcome == ClientOutcome.INTERRUPTED
+            stop.clear()
+            stop_after = None
+            report = hospital().run()  # a new process: nothing of the first in memory
+        thread.join(10)
+    assert report.outcome == ClientOutcome.COMPLETED
+    return [report.metrics["train_loss"]], hooks.resumes, hooks.finished
+
+
+def test_a_restarted_hospital_reports_the_loss_of_the_whole_turn_and_the_resume_is_told() -> None:
+    """Before: a restarted agent reported the loss of the steps since it came back only."""
+    undisturbed, no_resumes, _ = _one_turn(stop_after=None)
+    restarted, resumes, finished = _one_turn(stop_after=1)
+    assert restarted == undisturbed
+    assert finished[0]["train_loss"] == undisturbed[0]
+    assert no_resumes == []
+    assert resumes == [(2, "the hospital came back")]

@@ -48,6 +48,7 @@ class ScriptedHooks:
     stop_at: set[int] = field(default_factory=set)
     steps_seen: list[int] = field(default_factory=list)
     finished: list[dict[str, float]] = field(default_factory=list)
+    resumes: list[tuple[int, str]] = field(default_factory=list)
     _current: int = 0
 
     def directive(self) -> Directive:
@@ -67,6 +68,9 @@ class ScriptedHooks:
 
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         self.finished.append(dict(metrics))
+
+    def resumed(self, step: int, reason: str) -> None:
+        self.resumes.append((step, reason))
 
 
 @dataclass

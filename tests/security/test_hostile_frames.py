@@ -356,6 +356,9 @@ class StopWhenSet:
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         pass
 
+    def resumed(self, step: int, reason: str) -> None:
+        pass
+
 
 class RecordingCoordinator:
     """The coordinator as the agent calls it: records the problems reported."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -195,7 +196,8 @@ def workers_relay_user(redis_url: str, processes: Processes) -> Iterator[str | N
         yield None
         return
     username = f"medsplit-test-workers-{uuid.uuid4().hex[:8]}"
-    password = uuid.uuid4().hex
+    # 256 random bits: a uuid4's 122 are refused as guessable (medsplit.passwords).
+    password = secrets.token_urlsafe(32)
     os.environ["MEDSPLIT_TEST_WORKERS_PASSWORD"] = password
     try:
         with override_settings(MEDSPLIT={**settings.MEDSPLIT, "REDIS_URL": redis_url}):

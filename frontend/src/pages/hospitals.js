@@ -14,11 +14,12 @@ export function hospitalStatusBadge(status) {
   return badge(status || "unknown");
 }
 
-const AGENT_KINDS = { idle: "ok", busy: "busy", starting: "pending", error: "error" };
+const AGENT_KINDS = { idle: "ok", busy: "busy", starting: "pending", error: "error", data_problem: "error" };
+const AGENT_WORDS = { data_problem: "data problem" };
 
 export function agentStatusBadge(status) {
   if (!status) return el("span", { class: "muted" }, "–");
-  return badge(status, AGENT_KINDS[status] || status);
+  return badge(AGENT_WORDS[status] || status, AGENT_KINDS[status] || status);
 }
 
 /** Online / offline for a hospital with an agent; "no agent" for one never enrolled. */

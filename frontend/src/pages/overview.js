@@ -30,13 +30,18 @@ export async function render(root) {
     el("h2", { id: "alerts-title" }, "Recent alerts"),
     alertsBox,
   );
+  // Raised only when there is something to say: a hospital reports the audit chain changed
+  // behind it, or a queue no live worker consumes (its jobs would wait without a word).
+  const warningsBox = el("div", { "data-testid": "overview-warnings" });
   const updated = el("p", { class: "muted" });
   let alertsHidden = false;
+  let warningsHidden = false;
   let chainHidden = false;
   let chainCheckedAt = 0;
 
   root.append(
     el("h1", {}, "Overview"),
+    warningsBox,
     stats,
     el(
       "section",
@@ -144,12 +149,32 @@ export async function render(root) {
     );
   }
 
+  const refreshWarnings = latest(
+    async () => {
+      if (warningsHidden) return null;
+      try {
+        const [reports, queues] = await Promise.all([api("audit/witness-reports/"), api("queues/")]);
+        return { reports, queues };
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 403) {
+          warningsHidden = true;
+          return null;
+        }
+        throw error;
+      }
+    },
+    (found) => {
+      if (found) swap(warningsBox, ...warnings(found));
+    },
+  );
+
   async function refreshAll() {
     const results = await Promise.allSettled([
       refreshHospitals(),
       refreshJobs(),
       refreshAlerts(),
       refreshChain(),
+      refreshWarnings(),
     ]);
     const failed = results.filter((r) => r.status === "rejected");
     updated.textContent = failed.length
@@ -162,6 +187,56 @@ export async function render(root) {
   // Not even the hospitals could be read (no role, signed out): the router shows the error.
   if (hospitalsLoad.status === "rejected") throw hospitalsLoad.reason;
   return poll(POLL_SECONDS, refreshAll);
+}
+
+function warnings({ reports, queues }) {
+  const cards = [];
+  if (reports.length) {
+    cards.push(
+      el(
+        "section",
+        { class: "card alert", role: "alert", "data-testid": "witness-reports" },
+        el("h2", { style: "margin-top: 0" }, "A hospital says the audit log was rewritten"),
+        el(
+          "p",
+          {},
+          "Each hospital keeps the heads of the audit chain it was shown and checks that they are still there. ",
+          "These hospitals found one gone: whoever controls this coordinator's database changed its history.",
+        ),
+        el(
+          "ul",
+          {},
+          reports.map((r) =>
+            el(
+              "li",
+              {},
+              el("strong", {}, r.hospital),
+              ` (${ago(r.received_at)}): ${r.message} `,
+              r.verified ? badge("signed by the hospital", "ok") : badge("signature does not verify", "broken"),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+  const idle = (queues.queues || []).filter((q) => q.consumers === 0);
+  if (idle.length) {
+    cards.push(
+      el(
+        "section",
+        { class: "card alert", role: "alert", "data-testid": "idle-queues" },
+        el("h2", { style: "margin-top: 0" }, "No worker takes these tasks"),
+        el(
+          "p",
+          {},
+          "No live worker consumes ",
+          idle.map((q) => `"${q.queue}" (${q.waiting ?? "?"} waiting)`).join(", "),
+          ": jobs sent there wait until a worker for it starts (see the workers' logs).",
+        ),
+      ),
+    );
+  }
+  return cards;
 }
 
 async function loadActiveJobs() {

@@ -10,6 +10,7 @@ from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from audit.witness import audit_head
 from hospitals.models import AgentToken, Hospital
 from hospitals.selectors import hospital_is_online
 from kernel.api.strict import (
@@ -69,7 +70,26 @@ class HeartbeatSerializer(StrictSerializer):
         max_length=64,
         validators=[RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$", "e.g. 1.2.0 or 1.2.0+dev")],
     )
-    dataset_summary = DatasetSummarySerializer()
+    dataset_summary = DatasetSummarySerializer(
+        required=False, help_text="left out when the data cannot be used (see data_problem)"
+    )
+    data_problem = StrictCharField(
+        max_length=2000,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="why the local data cannot be used: files and checks, never data",
+    )
+    started_at = serializers.DateTimeField(
+        required=False, help_text="when the agent's process started (a new one: a restart)"
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "dataset_summary" not in attrs and not attrs.get("data_problem"):
+            raise serializers.ValidationError(
+                {"dataset_summary": ["give the data's summary, or the data_problem"]}
+            )
+        return attrs
 
 
 # -- hospitals ----------------------------------------------------------------------
@@ -103,11 +123,30 @@ class HospitalSerializer(serializers.ModelSerializer):
             "last_seen_at",
             "agent_status",
             "agent_version",
-            "public_key",
+            "identity_fingerprint",
+            "identity_generation",
+            "identity_enrolled_at",
+            "legacy_public_key",
             "dataset_summary",
+            "data_problem",
             "relay_suspension",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "identity_fingerprint": {
+                "help_text": "SHA-256 of the agent's ML-DSA-65 identity key, pinned at "
+                "enrolment: compare it (in groups of four) with `medsplit-agent status` at "
+                "the hospital"
+            },
+            "identity_generation": {
+                "help_text": "how many identity keys it has had; each re-enrolment with a "
+                "new key adds one"
+            },
+            "legacy_public_key": {
+                "help_text": "the X25519 key of an agent enrolled before identity keys "
+                "(kept for the record)"
+            },
+        }
 
     def get_online(self, hospital: Hospital) -> bool:
         return hospital_is_online(hospital=hospital)
@@ -184,11 +223,33 @@ class RevocationSerializer(serializers.Serializer):
 # -- agents -------------------------------------------------------------------------
 
 
+#: Base64 of a 1,952-byte ML-DSA-65 public key.
+IDENTITY_KEY_CHARS = 2604
+
+
 class EnrolSerializer(StrictSerializer):
     code = StrictCharField(max_length=256, help_text="the one-time msc_... code")
-    public_key = StrictCharField(
-        max_length=64, help_text="the agent's X25519 public key: 32 bytes, base64"
+    identity_key = StrictCharField(
+        max_length=IDENTITY_KEY_CHARS,
+        help_text="the agent's ML-DSA-65 identity public key: 1,952 bytes, base64",
     )
+
+
+class IdentityMoveSerializer(StrictSerializer):
+    identity_key = StrictCharField(
+        max_length=IDENTITY_KEY_CHARS,
+        help_text="the agent's first ML-DSA-65 identity public key: 1,952 bytes, base64",
+    )
+
+
+class IdentitySerializer(serializers.Serializer):
+    """The identity key the coordinator pinned for the agent's hospital."""
+
+    fingerprint = serializers.CharField(
+        source="identity_fingerprint", help_text="SHA-256 of the identity key, hex"
+    )
+    generation = serializers.IntegerField(source="identity_generation")
+    enrolled_at = serializers.DateTimeField(source="identity_enrolled_at")
 
 
 class IssuedTokenSerializer(serializers.Serializer):
@@ -208,20 +269,52 @@ class RelayCredentialsSerializer(serializers.Serializer):
 class EnrolmentSerializer(serializers.Serializer):
     hospital = serializers.CharField(source="hospital.slug")
     status = serializers.CharField(source="hospital.status")
+    identity = IdentitySerializer(source="hospital")
     token = IssuedTokenSerializer()
     relay = RelayCredentialsSerializer()
 
 
+class AuditHeadSerializer(serializers.Serializer):
+    seq = serializers.IntegerField(help_text="the last event's sequence number")
+    hash = serializers.CharField(help_text="the last event's hash")
+
+
 class AgentHospitalSerializer(serializers.ModelSerializer):
     """What the coordinator now knows of the agent (its hospital is enrolled: a suspended
-    hospital's token would have been refused)."""
+    hospital's token would have been refused), and the audit chain's head for the agent
+    to witness (``audit.witness``)."""
 
     online = serializers.SerializerMethodField()
+    audit_head = serializers.SerializerMethodField()
 
     class Meta:
         model = Hospital
-        fields = ["slug", "online", "last_seen_at", "agent_status", "agent_version"]
+        fields = ["slug", "online", "last_seen_at", "agent_status", "agent_version", "audit_head"]
         read_only_fields = fields
 
     def get_online(self, hospital: Hospital) -> bool:
         return hospital_is_online(hospital=hospital)
+
+    @extend_schema_field(AuditHeadSerializer)
+    def get_audit_head(self, hospital: Hospital) -> dict[str, Any]:
+        head = audit_head()
+        return {"seq": head.seq, "hash": head.hash}
+
+
+class ChainLinkSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    prev_hash = serializers.CharField()
+    hash = serializers.CharField()
+
+
+class ChainLinksSerializer(serializers.Serializer):
+    links = ChainLinkSerializer(many=True)
+    head = AuditHeadSerializer()
+
+
+class WitnessStatementSerializer(StrictSerializer):
+    statement = StrictCharField(
+        max_length=8192,
+        help_text="canonical JSON: hospital, witnessed {seq, hash}, found, message, at",
+    )
+    signature = StrictCharField(max_length=16000, help_text="ML-DSA-65 signature, base64")

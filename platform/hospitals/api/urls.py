@@ -37,5 +37,8 @@ urlpatterns = [
     ),
     path("agent/enrol/", views.EnrolView.as_view(), name="agent-enrol"),
     path("agent/token/rotate/", views.TokenRotateView.as_view(), name="agent-token-rotate"),
+    path("agent/identity/", views.IdentityMoveView.as_view(), name="agent-identity"),
     path("agent/heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/audit/chain/", views.AgentChainView.as_view(), name="agent-audit-chain"),
+    path("agent/audit/witness/", views.AgentWitnessView.as_view(), name="agent-audit-witness"),
 ]

@@ -16,15 +16,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hospitals import relay_services, selectors, services
+from audit.witness import MAX_LINKS
+from hospitals import agent_witness, relay_services, selectors, services
 from hospitals.api.serializers import (
     AgentHospitalSerializer,
+    ChainLinksSerializer,
     EnrolmentCodeSerializer,
     EnrolmentSerializer,
     EnrolSerializer,
     HeartbeatSerializer,
     HospitalRegisterSerializer,
     HospitalSerializer,
+    IdentityMoveSerializer,
+    IdentitySerializer,
     IssuedTokenSerializer,
     JoinRequestAnswerSerializer,
     JoinRequestSerializer,
@@ -32,12 +36,14 @@ from hospitals.api.serializers import (
     RejectSerializer,
     RevocationSerializer,
     TokenMetadataSerializer,
+    WitnessStatementSerializer,
 )
 from hospitals.authentication import AgentTokenAuthentication
 from hospitals.models import Hospital
 from kernel.actors import actor_from_request, client_ip
 from kernel.api.errors_schema import error
 from kernel.api.throttling import ScopedThrottle
+from kernel.errors import InvalidInput
 from kernel.permissions import (
     require_agent,
     require_consortium_admin,
@@ -214,6 +220,52 @@ class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication, SessionAuthentication]
 
 
+class AgentChainView(AgentView):
+    @extend_schema(
+        operation_id="agent_audit_chain",
+        parameters=[
+            OpenApiParameter("after", OpenApiTypes.INT, description="links after this seq"),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="at most this many"),
+        ],
+        responses={200: ChainLinksSerializer, **ERRORS},
+        description="The audit chain's links (sequence numbers and hashes, never content) "
+        "after `after`, for the agent to check the heads it witnessed.",
+    )
+    def get(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        after = _int_param(request, "after", 0)
+        limit = _int_param(request, "limit", MAX_LINKS)
+        links, head = agent_witness.agent_chain_links(actor=actor, after=after, limit=limit)
+        body = {"links": [vars(link) for link in links], "head": vars(head)}
+        return Response(ChainLinksSerializer(body).data)
+
+
+class AgentWitnessView(AgentView):
+    @extend_schema(
+        operation_id="agent_audit_witness",
+        request=WitnessStatementSerializer,
+        responses={202: None, **ERRORS},
+        description="A head of the audit chain the agent witnessed is gone from it: its "
+        "statement, signed with its identity key, is kept and raised on the dashboard.",
+    )
+    def post(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        require_agent(actor, "report on the audit chain")  # before judging the input
+        data = _valid(WitnessStatementSerializer, request)
+        verified = agent_witness.agent_witness_report(actor=actor, **data)
+        return Response({"verified": verified}, status=status.HTTP_202_ACCEPTED)
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be an integer", details={name: [raw]}) from None
+
+
 class EnrolView(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
@@ -225,7 +277,7 @@ class EnrolView(APIView):
         request=EnrolSerializer,
         responses={
             201: EnrolmentSerializer,
-            400: error("malformed code or public key"),
+            400: error("malformed code or identity key"),
             404: error("enrolment_code_unknown"),
             410: error("enrolment_code_used, enrolment_code_revoked or enrolment_code_expired"),
             **THROTTLED,
@@ -257,6 +309,32 @@ class TokenRotateView(AgentView):
     def post(self, request: Request) -> Response:
         token = services.agent_token_rotate(actor=actor_from_request(request), token=request.auth)
         return Response(IssuedTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+class IdentityMoveView(AgentView):
+    throttle_classes = [ScopedThrottle]
+    throttle_scope = "token"
+
+    @extend_schema(
+        operation_id="agent_identity_move",
+        request=IdentityMoveSerializer,
+        responses={
+            200: IdentitySerializer,
+            400: ERRORS[400],
+            401: ERRORS[401],
+            403: ERRORS[403],
+            409: error("the hospital has another identity key: re-enrol with a fresh code"),
+            **THROTTLED,
+        },
+        description="An agent enrolled with a legacy X25519 key gives its first identity "
+        "key (once; audited; peers see it as a re-enrolment).",
+    )
+    def post(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        require_agent(actor, "give its identity key")  # before judging the input
+        data = _valid(IdentityMoveSerializer, request)
+        hospital = services.agent_identity_move(actor=actor, **data)
+        return Response(IdentitySerializer(hospital).data)
 
 
 class HeartbeatView(AgentView):

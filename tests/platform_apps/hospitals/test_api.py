@@ -20,7 +20,7 @@ from tests.platform_apps.hospitals.helpers import (
     assert_error,
     assert_not_authenticated,
     issue_code,
-    new_public_key,
+    new_identity_key,
     throttle_rates,
     use_provisioner,
 )
@@ -38,9 +38,9 @@ def heartbeat(**changes: object) -> dict:
     return {"agent_status": "idle", "agent_version": "0.1.0", "dataset_summary": SUMMARY, **changes}
 
 
-def enrol(code: str, public_key: str | None = None) -> object:
+def enrol(code: str, identity_key: str | None = None) -> object:
     return APIClient().post(
-        "/api/agent/enrol/", {"code": code, "public_key": public_key or new_public_key()}
+        "/api/agent/enrol/", {"code": code, "identity_key": identity_key or new_identity_key()}
     )
 
 
@@ -379,7 +379,7 @@ def test_the_relay_url_handed_to_an_agent_never_holds_the_coordinators_credentia
     approved_hospital, recorder, settings, redis_url: str, relay_url: str, handed_out: str
 ) -> None:
     settings.MEDSPLIT = {**settings.MEDSPLIT, "REDIS_URL": redis_url, "RELAY_URL": relay_url}
-    response = enrol(issue_code(approved_hospital), new_public_key())
+    response = enrol(issue_code(approved_hospital), new_identity_key())
     assert response.status_code == 201, response.content
     assert response.json()["relay"]["url"] == handed_out
     assert b"admin-secret" not in response.content
@@ -389,7 +389,7 @@ def test_an_agent_enrols_once_and_gets_its_token_and_relay_user(
     approved_hospital, recorder
 ) -> None:
     code = issue_code(approved_hospital)
-    key = new_public_key()
+    key = new_identity_key()
     response = enrol(code, key)
     assert response.status_code == 201, response.content
     body = response.json()
@@ -404,7 +404,7 @@ def test_an_agent_enrols_once_and_gets_its_token_and_relay_user(
         "key_pattern": f"{settings.MEDSPLIT['RELAY_PREFIX']}:hospital:lakeside:*",
     }
     hospital = Hospital.objects.get(slug="lakeside")
-    assert hospital.status == "enrolled" and hospital.public_key == key
+    assert hospital.status == "enrolled" and hospital.identity_key == key
     # Stored hashed only.
     credential = RedisCredential.objects.get(hospital=hospital)
     assert credential.password_sha256 == hashlib.sha256(relay["password"].encode()).hexdigest()
@@ -418,6 +418,45 @@ def test_an_agent_enrols_once_and_gets_its_token_and_relay_user(
     assert AgentToken.objects.filter(hospital=hospital).count() == 1
     assert "agent.enrolled" in audit_actions("lakeside")
     assert "token.issued" in audit_actions("lakeside")
+
+
+def test_the_identity_fingerprint_is_pinned_at_enrolment_and_shown_to_administrators(
+    approved_hospital, client_as, recorder
+) -> None:
+    from hospitals.keys import parse_identity_key
+
+    key = new_identity_key()
+    answer = enrol(issue_code(approved_hospital), key).json()
+    fingerprint = parse_identity_key(key).fingerprint
+    assert answer["identity"]["fingerprint"] == fingerprint
+    assert answer["identity"]["generation"] == 1
+    shown = client_as("observer").get("/api/hospitals/lakeside/").json()
+    assert shown["identity_fingerprint"] == fingerprint and shown["identity_generation"] == 1
+    assert "identity_key" not in shown and "public_key" not in shown
+
+
+def test_a_legacy_agent_moves_to_an_identity_key_with_its_token(
+    hospital_a, agent_client, client_as
+) -> None:
+    Hospital.objects.filter(pk=hospital_a.pk).update(legacy_public_key="A" * 43 + "=")
+    agent = agent_client(hospital_a)
+    key = new_identity_key()
+    moved = agent.post("/api/agent/identity/", {"identity_key": key}, format="json")
+    assert moved.status_code == 200, moved.content
+    assert moved.json()["generation"] == 1
+    assert agent.post("/api/agent/identity/", {"identity_key": key}, format="json").json() == (
+        moved.json()
+    )
+    other = agent.post("/api/agent/identity/", {"identity_key": new_identity_key()}, format="json")
+    assert_error(other, 409, "conflict")
+    assert_error(agent.post("/api/agent/identity/", {"identity_key": "AAAA"}), 400, "invalid")
+    assert (
+        client_as("consortium_admin")
+        .post("/api/agent/identity/", {"identity_key": key})
+        .status_code
+        == 403
+    )
+    assert "identity.replaced" in audit_actions("st-marys")
 
 
 def test_enrolment_calls_the_relay_hook_with_the_users_rights(approved_hospital, recorder) -> None:
@@ -492,15 +531,17 @@ def test_an_unknown_code_is_404_and_a_wrong_secret_too(approved_hospital) -> Non
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        ({"code": "not-a-code", "public_key": new_public_key()}, "code"),
-        ({"code": "msa_0123456789ab_secret", "public_key": new_public_key()}, "code"),
-        ({"code": "msc_0123456789ab_secret", "public_key": "!!!"}, "public_key"),
-        ({"code": "msc_0123456789ab_secret", "public_key": "AAAA"}, "public_key"),  # 3 bytes
-        ({"code": "msc_0123456789ab_secret", "public_key": "A" * 43 + "="}, "public_key"),  # zero
-        ({"code": "msc_0123456789ab_secret", "public_key": "A" * 65}, "public_key"),
-        ({"code": 5, "public_key": new_public_key()}, "code"),
-        ({"code": "msc_0123456789ab_secret"}, "public_key"),
-        ({"code": "msc_0123456789ab_secret", "public_key": new_public_key(), "x": 1}, "x"),
+        ({"code": "not-a-code", "identity_key": new_identity_key()}, "code"),
+        ({"code": "msa_0123456789ab_secret", "identity_key": new_identity_key()}, "code"),
+        ({"code": "msc_0123456789ab_secret", "identity_key": "!!!"}, "identity_key"),
+        ({"code": "msc_0123456789ab_secret", "identity_key": "AAAA"}, "identity_key"),  # 3 bytes
+        # An X25519 key, as agents before identity keys sent.
+        ({"code": "msc_0123456789ab_secret", "identity_key": "A" * 43 + "="}, "identity_key"),
+        ({"code": "msc_0123456789ab_secret", "identity_key": "A" * 2605}, "identity_key"),
+        ({"code": 5, "identity_key": new_identity_key()}, "code"),
+        ({"code": "msc_0123456789ab_secret"}, "identity_key"),
+        ({"code": "msc_0123456789ab_secret", "public_key": new_identity_key()}, "public_key"),
+        ({"code": "msc_0123456789ab_secret", "identity_key": new_identity_key(), "x": 1}, "x"),
     ],
 )
 def test_malformed_enrolment_input_is_400(approved_hospital, payload, field) -> None:
@@ -512,7 +553,7 @@ def test_malformed_enrolment_input_is_400(approved_hospital, payload, field) -> 
 
 def test_a_malformed_key_does_not_spend_a_good_code(approved_hospital) -> None:
     code = issue_code(approved_hospital)
-    assert_error(APIClient().post("/api/agent/enrol/", {"code": code, "public_key": "AAAA"}), 400)
+    assert_error(APIClient().post("/api/agent/enrol/", {"code": code, "identity_key": "AAAA"}), 400)
     assert enrol(code).status_code == 201
 
 

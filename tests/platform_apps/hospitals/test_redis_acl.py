@@ -35,7 +35,7 @@ from hospitals.relay_acl import (
 from kernel.actors import Actor
 from medsplit.errors import ChannelError
 from tests.platform_apps.conftest import make_hospital
-from tests.platform_apps.hospitals.helpers import issue_code, new_public_key
+from tests.platform_apps.hospitals.helpers import issue_code, new_identity_key
 
 PROVISIONER = "hospitals.relay_acl.RedisAclUsers"
 NO_RETRY = Retry(NoBackoff(), 0)
@@ -357,7 +357,9 @@ def test_enrolment_creates_a_working_user_and_revocation_removes_it(admin: redis
     try:
         with override_settings(MEDSPLIT=medsplit):
             assert isinstance(get_provisioner(), RedisAclUsers)
-            enrolment = services.agent_enrol(code=issue_code(hospital), public_key=new_public_key())
+            enrolment = services.agent_enrol(
+                code=issue_code(hospital), identity_key=new_identity_key()
+            )
             relay = enrolment.relay
             assert relay.username == username
             agent = Agent(slug=hospital.slug, username=relay.username, password=relay.password)

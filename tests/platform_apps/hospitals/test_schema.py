@@ -48,7 +48,10 @@ def test_every_route_is_described_with_its_bodies(schema) -> None:
         "/api/hospitals/{slug}/tokens/revoke/",
         "/api/agent/enrol/",
         "/api/agent/token/rotate/",
+        "/api/agent/identity/",
         "/api/agent/heartbeat/",
+        "/api/agent/audit/chain/",
+        "/api/agent/audit/witness/",
     }
     enrol = paths["/api/agent/enrol/"]["post"]
     assert enrol["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
