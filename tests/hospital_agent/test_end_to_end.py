@@ -10,7 +10,9 @@ U-shaped mode no label crossed (the audit log lists what crossed, by name and dt
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import signal
 import sys
@@ -24,6 +26,7 @@ import torch
 from django.apps import apps
 from django.core import serializers as django_serializers
 from django.core.cache import cache
+from django.core.management import call_command
 
 from audit.models import AuditEvent
 from hospital_agent.data import DataSource, load_local, prepare
@@ -253,6 +256,7 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
     assert len({p.read_bytes() for p in finals}) == 1, "every hospital holds the same final weights"
     trains = prepared_trains(job, files)
     assert_exact(job, trains, finals[0])
+    _assert_weights_listed(job, hospitals)
 
     # Data stays home: no image's bytes anywhere outside the agents.
     needles = _image_needles(files, trains)
@@ -298,9 +302,28 @@ def test_an_agent_killed_mid_turn_comes_back_and_the_job_stays_exact(
         wait_for_the_end(processes, job, finals)
     busy.refresh_from_db()
     assert busy.status == "completed" and busy.attempt == 1, "the turn was not failed or redone"
+    # Both the restart and the resumed turn are on the record (issue 15).
+    resumed = AuditEvent.objects.filter(action="turn.resumed", target=f"turn:{busy.pk}").first()
+    assert resumed is not None and resumed.details["step"] >= 3, "the resumed turn left no trace"
+    slug = busy.hospital.slug
+    assert AuditEvent.objects.filter(action="agent.started", hospital=slug).count() == 2
     assert_exact(job, prepared_trains(job, files), finals[1])
     log = (processes.folder / "agent-1.log").read_text()
     assert "enrolled as" in log and log.count("enrolled as") == 1, "enrolled once, not again"
+
+
+def _assert_weights_listed(job: Job, hospitals) -> None:
+    """`manage.py job_weights` names every part of the finished job: the server segment's
+    file by the digest of its bytes, and each hospital's sealed part."""
+    out = io.StringIO()
+    call_command("job_weights", str(job.pk), "--json", stdout=out)
+    parts = json.loads(out.getvalue())
+    server = [p for p in parts if p["party"] == "workers"]
+    assert len(server) == 1
+    data = Path(server[0]["where"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == server[0]["sha256"]
+    assert server[0]["size_bytes"] == len(data)
+    assert {p["party"] for p in parts} == {"workers"} | {h.slug for h in hospitals}
 
 
 def _state(job: Job) -> str:

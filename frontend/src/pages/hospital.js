@@ -50,7 +50,7 @@ export async function render(root, params) {
       swap(datasetBox, dataset(hospital.dataset_summary, hospital.data_problem));
       if (admin) swap(actionsBox, ...actionButtons(hospital));
       if (tokens) swap(tokensBox, tokenTable(tokens));
-      if (jobs) swap(jobsBox, jobTable(jobs, slug));
+      if (jobs) swap(jobsBox, jobTable(jobs, slug, hospital.dataset_summary));
       updated.textContent = `Updated ${new Date().toLocaleTimeString()}; refreshes every ${POLL_SECONDS} s.`;
     },
   );
@@ -298,7 +298,21 @@ function tokenTable(tokens) {
   );
 }
 
-function jobTable(jobs, slug) {
+// A job whose input shape is not the shape of this hospital's images: its agent resizes
+// every image as it is read, which changes what the model sees (and its accuracy); say so.
+function resizeNote(job, summary) {
+  const theirs = summary?.image_shape;
+  const wanted = job.input_shape;
+  if (!Array.isArray(theirs) || !Array.isArray(wanted) || !theirs.length) return null;
+  if (theirs.length === wanted.length && theirs.every((n, i) => n === wanted[i])) return null;
+  return el(
+    "div",
+    { class: "muted", "data-testid": `resized-${job.id}` },
+    `Its images (${theirs.join(" × ")}) are resized to the job's ${wanted.join(" × ")}.`,
+  );
+}
+
+function jobTable(jobs, slug, summary) {
   if (!jobs.length) return el("p", { class: "muted" }, "It takes part in no job yet.");
   return el(
     "table",
@@ -323,7 +337,7 @@ function jobTable(jobs, slug) {
           { "data-testid": `job-row-${job.id}` },
           el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || `Job ${job.id}`), el("div", { class: "muted" }, `#${job.id}`)),
           el("td", {}, badge(job.state)),
-          el("td", {}, job.model),
+          el("td", {}, job.model, resizeNote(job, summary)),
           el("td", {}, job.current_round === null || job.current_round === undefined ? "–" : `${job.current_round + 1} / ${job.rounds}`),
           el("td", {}, me ? `${me.position + 1} of ${count}` : "–"),
           el("td", {}, when(job.created_at)),
