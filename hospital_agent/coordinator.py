@@ -79,7 +79,12 @@ class Coordinator:
         self.stopping = stopping or threading.Event()
         self.timeout = timeout
         self._session = requests.Session()
-        self._session.verify = ca_bundle if ca_bundle else True
+        #: Given with every request: requests lets REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE)
+        #: in the environment override a session's own ``verify``, and a hospital's
+        #: machine often sets one, which would silently put the system's CAs in place of
+        #: the consortium's ``ca_bundle``.
+        self._verify: str | bool = ca_bundle if ca_bundle else True
+        self._session.verify = self._verify
         self._session.headers["User-Agent"] = "medsplit-agent"
 
     # -- the API --------------------------------------------------------------------------
@@ -163,6 +168,7 @@ class Coordinator:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         kwargs.setdefault("timeout", self.timeout)
+        kwargs.setdefault("verify", self._verify)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return retrying(
             lambda: self._once(method, path, headers=headers, **kwargs),

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 
 import redis
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, MLDSA65PublicKey
 
 from hospital_agent.identity import Credentials
+from hospital_agent.outbox import Left, Outbox, counter_of, leave
 from medsplit.channel import RelayKeys
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import ChannelError, MedSplitError
@@ -40,6 +42,8 @@ class Relay:
         self.timeout = timeout
         tls = self.url.startswith("rediss://")
         self._tls = {"ssl_ca_certs": ca_bundle} if tls and ca_bundle else {}
+        #: The blobs this agent left, to put back where the relay lost them.
+        self.outbox = Outbox(ttl=HANDOFF_TTL_SECONDS)
 
     def channel(self) -> RedisChannel:
         return RedisChannel(self.url, socket_timeout=self.timeout, **self._tls)
@@ -81,17 +85,65 @@ class Relay:
             recipient_identity=recipient_identity,
             context=context,
         )
-        name = keys.mail(job, sender=self.credentials.hospital, recipient=recipient)
+        me = self.credentials.hospital
+        left = Left(
+            key=keys.mail(job, sender=me, recipient=recipient),
+            blob=blob,
+            counter=counter_of(keys.streams(job, me).up),
+        )
+        self._leave(left, recipient)
+        self.outbox.left(job, recipient, left)
+        return left.sha256, len(blob)
+
+    def _leave(self, left: Left, recipient: str) -> None:
+        """Write a blob and its mark, again while the relay is away (a restart takes
+        seconds) for up to ``timeout`` seconds: the same bytes, so writing twice is safe."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            client = self._client()
+            try:
+                leave(client, left, ttl=HANDOFF_TTL_SECONDS)
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                if time.monotonic() >= deadline:
+                    raise ChannelError(
+                        f"leaving the hand-off for {recipient} on the relay failed: {e}"
+                    ) from e
+                logger.warning("leaving the hand-off for %s: %s; again in 1 s", recipient, e)
+            except redis.RedisError as e:
+                raise ChannelError(
+                    f"leaving the hand-off for {recipient} on the relay failed: {e}"
+                ) from e
+            finally:
+                client.close()
+            time.sleep(1.0)
+
+    def restore_handoffs(self, job: str) -> int:
+        """Put back the blobs of ``job`` this agent left, where the relay lost them (see
+        :mod:`hospital_agent.outbox`); how many were written again. A relay that does not
+        answer is logged and left for the next look."""
+        if not self.outbox.holds(job):
+            return 0
         client = self._client()
         try:
-            client.set(name, blob, ex=HANDOFF_TTL_SECONDS)
+            restored = self.outbox.restore(client, job)
         except redis.RedisError as e:
-            raise ChannelError(
-                f"leaving the hand-off for {recipient} on the relay failed: {e}"
-            ) from e
+            logger.warning("%s: could not check the hand-offs left on the relay: %s", job, e)
+            return 0
         finally:
             client.close()
-        return hashlib.sha256(blob).hexdigest(), len(blob)
+        if restored:
+            logger.warning(
+                "%s: the relay had lost data (a restart?); put back the %d hand-off(s) this "
+                "hospital left, unchanged",
+                job,
+                restored,
+            )
+        return restored
+
+    def forget_handoffs(self, job: str) -> None:
+        """``job`` ended: its blobs need no putting back any more."""
+        self.outbox.forget(job)
 
     def take_handoff(
         self,

@@ -151,8 +151,16 @@ class Agent:
     def _handle(self, taker: TurnTaker, assignment: Assignment) -> None:
         raw = assignment.raw
         try:
+            source = raw.get("handoff_from") or {}
+            if source.get("hospital") == taker.me:
+                # This hospital's blobs are the ones the next turn (or, once the job has
+                # completed, every participant) starts from: a relay that restarted and
+                # lost them gets them back.
+                taker.relay.restore_handoffs(assignment.job_name)
             if raw["state"] in ENDED:
                 taker.finish(assignment)
+                if raw["state"] != "completed":
+                    taker.relay.forget_handoffs(assignment.job_name)
                 return
             taker.prepare(assignment)
             if raw["state"] == "running" and raw["turn"] and raw["turn"]["status"] == "running":

@@ -16,8 +16,11 @@ The sequence counter lives next to the stream, in the hash ``{stream}:seq`` (fie
 takes the numbers (``HINCRBY``) and appends every chunk of a message in one
 ``MULTI``/``EXEC``, so a message is never half-written. The sender computes the numbers
 from its own count (read from the hash on its first send to the stream, so a restarted
-sender continues the numbering) and checks it against what ``HINCRBY`` answers: a count
-out of step (another sender on the stream) is a ``ChannelError``. Receiving reads one
+sender continues the numbering) and checks it against what ``HINCRBY`` answers: a counter
+ahead of the count (another sender on the stream) is a ``ChannelError``; a counter behind
+it (the relay restarted without its data, which redis-py rides over by reconnecting, or
+the stream was reset) is moved up to the count, so the numbering goes on and the reader
+reports the loss once. Receiving reads one
 message (``XREAD``, blocking while there is none; ``XRANGE`` for the rest of a chunked
 one), then deletes its entries and records how far it got in one ``MULTI``/``EXEC``,
 before returning it, so consumed frames don't stay in Redis and a new reader continues
@@ -26,7 +29,10 @@ exactly where the last one stopped; appends trim the stream with
 numbers are contiguous, a reader sees every loss: entries trimmed before they were read
 (or numbers taken but never appended, by an append that failed in Redis), a chunk missing
 or out of place, a message cut short by the next one, entries taken by another reader,
-entries numbered by two senders out of step.
+counters gone with a relay that restarted, entries numbered by two senders out of step. It
+reports a loss as a ``ChannelError`` and keeps the intact message after it for the next
+``receive``: nothing still on a stream is thrown away (read entries are deleted, so an
+entry still there was never delivered).
 No Lua: agents' Redis users may not load scripts, since a script that loops would stall
 the relay for everyone.
 
@@ -39,6 +45,7 @@ bound allows), and a stream that still holds more than the bound once a message 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 
@@ -48,6 +55,8 @@ from redis.retry import Retry
 
 from medsplit.channel.base import Channel
 from medsplit.errors import ChannelError, ChannelTimeout, RelayAbuse
+
+logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
 SEQ_SUFFIX = ":seq"
@@ -85,7 +94,8 @@ class RedisChannel(Channel):
         one taking turns with it, puts its count out of step. Its next ``send`` then raises
         ``ChannelError`` (the frame went out, misnumbered; the reader reports it too) and
         the send after that continues from the counter. A new sender (after a restart)
-        continues the numbering.
+        continues the numbering; a sender whose relay restarted (or whose stream was reset)
+        under it continues its own, moving the counter up to it.
     """
 
     def __init__(
@@ -183,14 +193,44 @@ class RedisChannel(Channel):
             raise ChannelError(
                 f"sending to stream {stream!r} on Redis at {self.address} failed: {failed}"
             )
+        if isinstance(numbered, int) and numbered < last + count:
+            self._counter_went_back(stream, found=numbered - count, counted=last, sent=last + count)
         if stream not in self._sent:
             raise ChannelError(
                 f"stream {stream!r} was numbered by someone else: its counter reached "
                 f"{numbered} where this sender expected {last + count} (another sender on the "
-                f"stream, or its keys were reset); the frame went out as entries "
-                f"{first}..{last + count} and its reader will report the clash"
+                f"stream); the frame went out as entries {first}..{last + count} and its "
+                "reader will report the clash"
             )
         self.bytes_sent[stream] += size
+
+    def _counter_went_back(self, stream: str, *, found: int, counted: int, sent: int) -> None:
+        """The stream's counter (``found``) was behind this sender's count (``counted``):
+        the relay lost its data since this sender last counted (a restart, which redis-py
+        rides over by reconnecting without a word) or someone reset the stream. The frame
+        went out numbered from the count, so the counter is moved up to it (``sent``):
+        the numbering goes on without a clash, and the reader reports once that what came
+        before is gone; the frame itself is delivered."""
+        conn = self._connection("sending to", stream)
+        healthy = False
+        try:
+            conn.send_command("HSET", stream + SEQ_SUFFIX, "sent", sent)
+            conn.read_response()
+            healthy = True
+        except redis.RedisError as e:
+            raise self._error("sending to", stream, e) from e
+        finally:
+            self._release(conn, healthy)
+        self._sent[stream] = sent
+        logger.warning(
+            "stream %r on Redis at %s: its counter was at %d where this sender had counted "
+            "%d (the relay restarted without its data, or the stream was reset); moved it to %d",
+            stream,
+            self.address,
+            found,
+            counted,
+            sent,
+        )
 
     def receive(self, stream: str, *, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
@@ -227,28 +267,39 @@ class RedisChannel(Channel):
     def _accept(self, stream: str, read_before: int, read_now: int, entries: list) -> bytes:  # type: ignore[type-arg]
         """Check that ``entries`` continue what this reader last read, and join them.
 
-        When frames were lost before them (trimmed, or taken by another reader) the error
-        says so, and the intact message after the gap is kept for the next ``receive``.
+        When frames were lost before them (trimmed, taken by another reader, gone with a
+        relay that restarted) the error says so, and the intact message after the gap is
+        kept for the next ``receive``. So is a message numbered out of order (by a sender
+        counting from numbers the relay no longer holds): entries are deleted once read,
+        so one still on the stream was never delivered, and it is new.
         """
         mine = self._last_seq.get(stream, read_before)
         self._last_seq[stream] = read_now
         first = _parse(stream, *entries[0])[0]
         lost = None
-        if read_before != mine:
+        if read_before > mine:
             lost = (
                 f"entries {mine + 1}..{read_before} of stream {stream!r} were taken by "
                 "another reader (or by a receive whose reply was lost)"
+            )
+        elif read_before < mine:
+            lost = (
+                f"the counters of stream {stream!r} went back from entry {mine} to "
+                f"{read_before} (the relay restarted without its data, or the stream was "
+                f"reset): frames sent after entry {mine} may be lost"
             )
         elif first > read_before + 1:
             lost = (
                 f"frames on stream {stream!r} were trimmed before they were read: entries "
                 f"{read_before + 1}..{first - 1} are gone (the reader fell more than "
-                "max_stream_len entries behind, or a sender failed between numbering and appending)"
+                "max_stream_len entries behind, a sender failed between numbering and "
+                "appending, or the relay restarted without its data)"
             )
         elif first <= read_before:
-            raise ChannelError(
-                f"entry {first} on stream {stream!r} is out of order: "
-                f"entry {read_before + 1} was expected"
+            lost = (
+                f"entry {first} on stream {stream!r} is out of order: entry "
+                f"{read_before + 1} was expected (its sender counted from numbers the relay "
+                "no longer held: a restart or a reset); frames may be lost"
             )
         if self.max_message_bytes is not None:
             sizes = [len(fields.get(b"d", b"")) for _, fields in entries]
@@ -274,9 +325,10 @@ class RedisChannel(Channel):
         """Delete ``stream`` and its counters in Redis, and forget this instance's place in it.
 
         For a party taking a stream over after a failure (a restarted Redis, a replaced
-        worker): whatever was on it is dropped, numbering starts again at 1. Other
-        instances still holding the old place get a ``ChannelError`` on their next use,
-        and must be replaced.
+        worker): whatever was on it is dropped, numbering starts again at 1. Another
+        instance still holding the old place finds out at its next use: as the sender it
+        moves the counter up to its own count and goes on (see ``send``); as the reader
+        it reports the reset once (``ChannelError``) and then delivers what follows.
         """
         try:
             self._redis.delete(stream, stream + SEQ_SUFFIX)

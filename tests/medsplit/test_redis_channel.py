@@ -312,9 +312,53 @@ def test_a_sender_put_out_of_step_says_so_and_the_reader_reports_it(
     assert reader.receive(stream, timeout=2) == b"b1"
     with pytest.raises(ChannelError, match="out of order"):
         reader.receive(stream, timeout=2)
+    assert reader.receive(stream, timeout=2) == b"a2"  # reported, not thrown away
     with pytest.raises(ChannelError, match=r"entries 3\.\.3 are gone"):
         reader.receive(stream, timeout=2)
     assert reader.receive(stream, timeout=2) == b"a3"
+    reader.close()
+
+
+def test_a_sender_whose_relay_lost_its_data_goes_on_and_the_reader_reports_it_once(
+    channel: RedisChannel, stream: str, raw: redis.Redis, redis_url: str
+) -> None:
+    """A relay restarted without its data, under parties that were busy computing:
+    redis-py reconnects them without a word, their counts and places are stale."""
+    sender = RedisChannel(redis_url)
+    for frame in (b"a", b"b"):
+        sender.send(stream, frame)
+        assert channel.receive(stream, timeout=2) == frame
+    raw.delete(stream, stream + ":seq")  # what a restart keeps of them: nothing
+    sender.send(stream, b"c")  # no error: the counter is moved up to the sender's count
+    sender.send(stream, b"d")
+    sender.close()
+    assert raw.hget(stream + ":seq", "sent") == b"4"
+    with pytest.raises(ChannelError, match="went back from entry 2 to 0"):
+        channel.receive(stream, timeout=2)
+    assert [channel.receive(stream, timeout=2) for _ in range(2)] == [b"c", b"d"]
+
+
+def test_after_a_reset_a_stale_and_a_new_sender_lose_no_frame_of_theirs(
+    redis_url: str, stream: str
+) -> None:
+    """The worker that takes a turn over resets the streams; the hospital's channel still
+    counts from before, sends once more, then is replaced and says hello. Every frame sent
+    after the reset arrives: the hello was once thrown away as "out of order" (entry 2,
+    entry 3 expected), and both sides waited for each other until a timeout."""
+    old, reader = RedisChannel(redis_url), RedisChannel(redis_url)
+    for frame in (b"a", b"b"):
+        old.send(stream, frame)
+        assert reader.receive(stream, timeout=2) == frame
+    reader.reset(stream)
+    old.send(stream, b"stale")  # counted from 2: entry 3 on a stream numbered afresh
+    old.close()
+    new = RedisChannel(redis_url)
+    new.send(stream, b"hello")
+    new.close()
+    with pytest.raises(ChannelError, match=r"entries 1\.\.2 are gone"):
+        reader.receive(stream, timeout=2)
+    assert reader.receive(stream, timeout=2) == b"stale"
+    assert reader.receive(stream, timeout=2) == b"hello"
     reader.close()
 
 
