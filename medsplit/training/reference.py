@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -13,7 +13,7 @@ from medsplit.protocol.layouts import SERVER_SEGMENT
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
-from medsplit.training.schedule import job_batches
+from medsplit.training.schedule import Batch, job_batches
 
 
 def train_unsplit(
@@ -23,8 +23,10 @@ def train_unsplit(
     split: SplitModel,
     *,
     loss_fn: LossFn | None = None,
+    batches: Iterable[Batch] | None = None,
 ) -> torch.nn.Module:
-    """Train a copy of ``model`` whole, on the job's batch sequence.
+    """Train a copy of ``model`` whole, on the job's batch sequence (or on ``batches``,
+    a part of it: a job that skipped a hospital's turns trained on the others only).
 
     Each segment's parameters get the optimizer and schedule that segment has in the
     split job (the same per-parameter optimizers), so the two runs apply the same
@@ -42,7 +44,7 @@ def train_unsplit(
         group = torch.nn.ParameterList([params[n] for n in names])
         parties.append(Party.create(group, cfg))
     loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
-    for batch in job_batches(config, splits):
+    for batch in job_batches(config, splits) if batches is None else batches:
         loss = loss_fn(whole(batch.x), batch.y)
         loss.backward()
         for party in parties:
