@@ -66,6 +66,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_relay_abuse", 0.3, (), ("--frame-mib", "64")),
     Benchmark("bench_runtime", 2, (), ("--steps", "10", "--memory-steps", "300")),
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
+    Benchmark("bench_faults", 12, (), ("--faults", "none", "relay_mid_step")),
 )
 
 
