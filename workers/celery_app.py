@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The coordinator's apps live in platform/ (not an importable package: see DESIGN.md).
+# The coordinator's apps live in platform/ (not an importable package: see docs/design.md).
 _PLATFORM = Path(__file__).resolve().parent.parent / "platform"
 if str(_PLATFORM) not in sys.path:
     sys.path.insert(0, str(_PLATFORM))
