@@ -42,7 +42,7 @@ class SplitModel:
 
     @property
     def back(self) -> fx.GraphModule:
-        """The last segment (the server's in vanilla mode, the head in U-shaped mode)."""
+        """The last segment (the server's with one cut; with two, the one after the second)."""
         return self.segments[-1]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:

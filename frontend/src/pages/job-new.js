@@ -476,7 +476,7 @@ export async function render(root) {
     if (!selectedCuts.vanilla.length && names.has(spec.default_cut)) selectedCuts.vanilla = [spec.default_cut];
     selectedCuts.ushaped = selectedCuts.ushaped.filter((c) => names.has(c));
     if (!selectedCuts.ushaped.length) {
-      selectedCuts.ushaped = (spec.default_ushaped_cuts || []).filter((c) => names.has(c));
+      selectedCuts.ushaped = (spec.default_cuts?.ushaped || []).filter((c) => names.has(c));
     }
     drawCuts();
   }

@@ -364,7 +364,10 @@ class RegistryModelSerializer(serializers.Serializer):
     description = serializers.CharField()
     default_input_shape = serializers.ListField(child=serializers.IntegerField())
     default_cut = serializers.CharField()
-    default_ushaped_cuts = serializers.ListField(child=serializers.CharField())
+    default_cuts = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="the model's default cuts in each mode, by the mode's name",
+    )
 
 
 class CrossingTensorSerializer(serializers.Serializer):
