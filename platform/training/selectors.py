@@ -274,6 +274,12 @@ def registry_models(*, actor: Actor) -> list[dict[str, Any]]:
     return rows
 
 
+def registry_modes(*, actor: Actor) -> list[dict[str, Any]]:
+    """The split-learning modes jobs can use, as each describes itself, for the job form."""
+    _require_reader(actor)
+    return [mode.describe().to_json() for mode in MODES.values()]
+
+
 def registry_model_cuts(
     *, actor: Actor, model_name: str, input_shape: str | None
 ) -> dict[str, Any]:
