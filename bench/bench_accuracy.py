@@ -67,7 +67,7 @@ from report import table, today
 
 from medsplit.data import Split, label_counts, load_medmnist
 from medsplit.models import build_model, get_model_spec
-from medsplit.modes import Mode
+from medsplit.modes import get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
@@ -88,7 +88,8 @@ DATASETS = {
     "pneumoniamnist": ("pneumoniamnist_28_reconstructed.npz", 5),
 }
 TITLES = {"breastmnist": "BreastMNIST", "pneumoniamnist": "PneumoniaMNIST"}
-RUNS = ("centralized", Mode.VANILLA.value, Mode.USHAPED.value)
+SPLIT_MODES = ("vanilla", "ushaped")
+RUNS = ("centralized", *SPLIT_MODES)
 LABELS = {"centralized": "centralized", "vanilla": "split, vanilla", "ushaped": "split, U-shaped"}
 
 
@@ -144,7 +145,7 @@ def split_config(
 ) -> tuple[TrainingConfig, int]:
     """The job's config; the cosine schedule spans the job's own number of steps."""
     spec = get_model_spec(settings.model)
-    cuts = (spec.default_cut,) if mode == Mode.VANILLA else spec.default_ushaped_cuts
+    cuts = get_mode(mode).default_cuts(spec)
     base = dict(
         cuts=cuts,
         mode=mode,
@@ -202,7 +203,7 @@ def run_seed(path: Path, settings: Settings, seed: int, *, check: bool) -> dict[
         out["centralized"] = {**scores, "steps": steps, "seconds": time.perf_counter() - start}
         say(f"{path.name} seed {seed} centralized: {_scores(scores)}, {steps} steps")
         weights = {}
-        for mode in (Mode.VANILLA.value, Mode.USHAPED.value):
+        for mode in SPLIT_MODES:
             start = time.perf_counter()
             config, steps = split_config(mode, settings, hospitals, seed)
             segments, weights[mode], exact = train_split(model, hospitals, config, check=check)

@@ -29,7 +29,6 @@ from collections.abc import Callable
 import torch
 from report import table, today
 
-from medsplit.modes import Mode
 from medsplit.wire import (
     CODECS,
     Frame,
@@ -46,7 +45,7 @@ OVERHEAD_GOAL = 1.01
 
 
 def make_frame(tensors: dict[str, torch.Tensor], codec: str = "none") -> Frame:
-    meta = FrameMeta("bench-job", 3, 12, 4567, FrameKind.ACTIVATIONS, Mode.VANILLA, codec)
+    meta = FrameMeta("bench-job", 3, 12, 4567, FrameKind.ACTIVATIONS, "vanilla", codec)
     return Frame(meta, tensors)
 
 

@@ -335,10 +335,9 @@ class NoHooks:
 
 
 def turn_ids(args: argparse.Namespace, block: int):
-    from medsplit.modes import Mode
     from medsplit.turns import TurnIds
 
-    return TurnIds(args.job, block, 0, Mode.VANILLA, "none")
+    return TurnIds(args.job, block, 0, "vanilla", "none")
 
 
 def role_medsplit_server(args: argparse.Namespace) -> int:

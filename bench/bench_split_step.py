@@ -30,8 +30,7 @@ from report import table, today
 from medsplit.channel import InMemoryChannel, RelayKeys
 from medsplit.cutting import split_model
 from medsplit.models import build_model
-from medsplit.modes import Mode
-from medsplit.protocol.layouts import make_client, make_server
+from medsplit.modes import get_mode
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
@@ -87,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     split = split_model(model, x[:2], args.cut)
     front = Party.create(split.front, config)
     back = Party.create(split.back, config)
-    client = make_client(Mode.VANILLA, {"front": front}, split)
-    server = make_server(Mode.VANILLA, back, split, job="bench")
+    vanilla = get_mode("vanilla")
+    client = vanilla.client_role({"front": front}, split)
+    server = vanilla.server_role(back, split, job="bench")
     link = LocalLink(InMemoryChannel(), RelayKeys().streams("bench", "h"))
 
     whole = copy.deepcopy(model)

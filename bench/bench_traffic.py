@@ -283,10 +283,9 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
     from medsplit.channel import RelayKeys
     from medsplit.data import shard
     from medsplit.models import get_model_spec
-    from medsplit.modes import Mode
+    from medsplit.modes import get_mode
     from medsplit.protocol.handoff import export_parties
     from medsplit.protocol.keys import RecipientKey, SignedRecipientKey, generate_identity_key
-    from medsplit.protocol.layouts import client_segments
     from medsplit.protocol.optim import OptimizerConfig
     from medsplit.protocol.sealing import SealContext, seal, unseal
     from medsplit.training.config import TrainingConfig
@@ -303,12 +302,12 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
     from medsplit.turns.server import SERVER_PARTY
 
     spec = get_model_spec(case.model)
-    cuts = (spec.default_cut,) if mode == "vanilla" else tuple(spec.default_ushaped_cuts)
+    cuts = get_mode(mode).default_cuts(spec)
     job = f"bench-traffic-{uuid.uuid4().hex[:10]}"
     optimizer = OptimizerConfig(name="sgd", lr=LR, momentum=MOMENTUM)
     config = TrainingConfig(
         cuts=cuts,
-        mode=Mode(mode),
+        mode=mode,
         client_optimizer=optimizer,
         server_optimizer=optimizer,
         batch_size=args.batch_size,
@@ -433,7 +432,7 @@ def run_job(case: Case, mode: str, data: tuple[Any, Any], args: argparse.Namespa
     elem = 4
     q_cuts = [sum(t.numel for t in boundary) for boundary in split.boundaries]
     qb = sum(t.nbytes for boundary in split.boundaries for t in boundary)
-    client_index = client_segments(config.mode).values()
+    client_index = config.split_mode.client_segments().values()
     n_client = sum(p.numel() for i in client_index for p in split.segments[i].parameters())
     n_all = sum(p.numel() for s in split.segments for p in s.parameters())
     optimizer_values = n_client  # SGD with momentum: one buffer per parameter

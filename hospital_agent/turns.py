@@ -45,7 +45,6 @@ from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.errors import ChannelError, SealError
-from medsplit.modes import Mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.keys import SignedRecipientKey
@@ -91,7 +90,7 @@ class Assignment:
         r = self.raw
         return TrainingConfig(
             cuts=tuple(r["cuts"]),
-            mode=Mode(r["mode"]),
+            mode=r["mode"],
             client_optimizer=OptimizerConfig.from_json(r["client_optimizer"]),
             batch_size=r["batch_size"],
             local_epochs=r["local_epochs"],

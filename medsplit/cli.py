@@ -16,9 +16,9 @@ from medsplit.cutting import CutInfo, cut_table
 from medsplit.data import synthetic_split
 from medsplit.errors import MedSplitError
 from medsplit.models import build_model, get_model_spec, model_names
-from medsplit.modes import Mode
+from medsplit.modes import DEFAULT_MODE, get_mode, mode_names
 from medsplit.protocol.optim import OPTIMIZERS, OptimizerConfig
-from medsplit.training.config import CUTS_PER_MODE, TrainingConfig
+from medsplit.training.config import TrainingConfig
 from medsplit.training.simulate import SimulationData, SimulationSetup, simulate
 from medsplit.training.split_job import RoundReport
 from medsplit.training.verify import verify_split
@@ -80,11 +80,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_cut_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", default="vanilla", choices=[m.value for m in CUTS_PER_MODE])
+    parser.add_argument("--mode", default=DEFAULT_MODE, choices=mode_names())
     parser.add_argument(
         "--cut",
         action="append",
-        help="submodule to cut after; twice for U-shaped (default: the model's own)",
+        help="submodule to cut after, once per cut the mode makes (default: the model's own)",
     )
     parser.add_argument("--codec", default="none", choices=sorted(CODECS))
     parser.add_argument("--batch-size", type=int, default=16)
@@ -110,19 +110,15 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def _training_config(args: argparse.Namespace, model: str, **overrides: object) -> TrainingConfig:
     spec = get_model_spec(model)
-    mode = Mode(args.mode)
-    cuts = (
-        tuple(args.cut)
-        if args.cut
-        else ((spec.default_cut,) if mode == Mode.VANILLA else spec.default_ushaped_cuts)
-    )
+    mode = get_mode(args.mode)
+    cuts = tuple(args.cut) if args.cut else mode.default_cuts(spec)
 
     def optimizer(name: str, lr: float) -> OptimizerConfig:
         return OptimizerConfig(name=name, lr=lr, momentum=args.momentum if name == "sgd" else 0.0)
 
     return TrainingConfig(
         cuts=cuts,
-        mode=mode,
+        mode=mode.name,
         client_optimizer=optimizer(args.client_optimizer, args.client_lr),
         server_optimizer=optimizer(args.server_optimizer, args.server_lr),
         batch_size=args.batch_size,
@@ -199,7 +195,7 @@ def _verify(args: argparse.Namespace) -> int:
     elif report.exact:
         print(
             f"exact: {report.compared} tensors identical after {report.steps} steps "
-            f"({config.mode.value}, cut {' / '.join(config.cuts)}, codec {config.codec})"
+            f"({config.mode}, cut {' / '.join(config.cuts)}, codec {config.codec})"
         )
     else:
         print(
@@ -228,7 +224,7 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     source = args.data or f"{args.samples} synthetic images"
     print(
-        f"simulating {args.hospitals} hospitals on {source}: {args.model}, {config.mode.value} "
+        f"simulating {args.hospitals} hospitals on {source}: {args.model}, {config.mode} "
         f"mode, cut {' / '.join(config.cuts)}, codec {config.codec}, {config.rounds} rounds",
         file=sys.stderr,
     )

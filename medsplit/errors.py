@@ -64,3 +64,16 @@ class ConfigError(MedSplitError, ValueError):
 
 class SealError(MedSplitError, ValueError):
     """A sealed hand-off cannot be made or opened (not a blob, replayed, altered, wrong keys)."""
+
+
+class UnknownModeError(ConfigError, LookupError):
+    """A mode name is not in the mode registry (the message lists the known ones)."""
+
+
+class ModeLoadError(ConfigError):
+    """An extra mode named in the configuration cannot be imported or is not a mode."""
+
+
+class RoundPlanError(MedSplitError):
+    """A mode was asked for a round step its plan does not take (combining the states of
+    a group in a round-robin mode, say)."""

@@ -32,9 +32,14 @@ def say(message: str) -> None:
 
 
 def parse_args() -> argparse.Namespace:
+    # The modes are the registry's, from this tree (as the processes it starts use).
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from medsplit.modes import DEFAULT_MODE, mode_names
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="a MedMNIST .npz (default: synthetic images)")
-    parser.add_argument("--mode", choices=["vanilla", "ushaped"], default="vanilla")
+    parser.add_argument("--mode", choices=mode_names(), default=DEFAULT_MODE)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--port", type=int, default=8000, help="the dashboard's port")
     parser.add_argument("--work-dir", default=str(REPO / "var" / "demo"))
@@ -233,6 +238,8 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
     from hospitals import services as hospital_services
     from hospitals.models import Hospital
     from kernel.actors import Actor, ActorKind, Role
+    from medsplit.models import get_model_spec
+    from medsplit.modes import get_mode
     from training import services
     from training.models import Job, Turn
 
@@ -271,7 +278,7 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
     while Hospital.objects.filter(status="enrolled").exclude(dataset_summary={}).count() < 3:
         children.check()
         time.sleep(1)
-    cuts = ["pool1"] if args.mode == "vanilla" else ["pool1", "pool"]
+    cuts = list(get_mode(args.mode).default_cuts(get_model_spec("small_cnn")))
     job = services.job_create(
         actor=actor,
         data={

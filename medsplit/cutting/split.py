@@ -42,7 +42,7 @@ class SplitModel:
 
     @property
     def back(self) -> fx.GraphModule:
-        """The last segment (the server's in vanilla mode, the head in U-shaped mode)."""
+        """The last segment (the server's with one cut; with two, the one after the second)."""
         return self.segments[-1]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -63,7 +63,7 @@ def split_model(
     Args:
         model: any module ``torch.fx`` can trace (``nn.Sequential``, MONAI networks, ...).
         example_input: a batch-first input (or tuple of inputs) of the shape training uses.
-        cuts: one submodule name (two segments), or two (U-shaped: front, middle, head).
+        cuts: one submodule name (two segments), or two (three: front, middle, head).
 
     Returns:
         The segments, their crossing tensors, and the cut names.
@@ -80,7 +80,9 @@ def split_model(
         raise CutError(f"expected a torch.nn.Module to cut, got {type(model).__name__}")
     requested = (cuts,) if isinstance(cuts, str) else tuple(cuts)
     if len(requested) + 1 not in SEGMENT_NAMES:
-        raise CutError(f"give one cut (two segments) or two cuts (U-shaped), got {len(requested)}")
+        raise CutError(
+            f"give one cut (two segments) or two cuts (three segments), got {len(requested)}"
+        )
     inputs = as_example_inputs(example_input)
     model_name = type(model).__name__
     names = tuple(canonical_name(model, name) for name in requested)

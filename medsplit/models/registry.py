@@ -28,11 +28,11 @@ class ModelSpec:
         name: registry name, e.g. ``"resnet18"``.
         description: one line for people, naming the paper where there is one.
         default_input_shape: ``(C, H, W)`` of one 2D input the model is meant for.
-        default_cut: qualified name of the submodule after which a two-party split
-            (vanilla mode) cuts by default.
-        default_ushaped_cuts: ``(cut1, cut2)`` for U-shaped mode: front up to ``cut1``,
-            middle up to ``cut2``, head after ``cut2``. Chosen so that each of the three
-            segments has parameters.
+        default_cut: qualified name of the submodule after which a split into two
+            segments cuts by default.
+        default_cut_pair: ``(cut1, cut2)`` for a split into three segments: the first
+            up to ``cut1``, the middle up to ``cut2``, the last after ``cut2``. Chosen so
+            that each of the three segments has parameters.
         build: private builder ``build(*, spatial_dims, in_channels, num_classes)``; call
             :func:`build_model` instead, which validates and seeds.
     """
@@ -41,8 +41,22 @@ class ModelSpec:
     description: str
     default_input_shape: tuple[int, ...]
     default_cut: str
-    default_ushaped_cuts: tuple[str, str]
+    default_cut_pair: tuple[str, str]
     build: Callable[..., nn.Module]
+
+    def default_cuts(self, count: int) -> tuple[str, ...]:
+        """The default cuts for a split into ``count + 1`` segments (a mode picks the
+        count: :meth:`medsplit.modes.SplitMode.default_cuts`).
+
+        Raises:
+            ConfigError: the registry has no default for that many cuts.
+        """
+        defaults = {1: (self.default_cut,), 2: self.default_cut_pair}
+        if count not in defaults:
+            raise ConfigError(
+                f"{self.name} has default cuts for 1 or 2 cuts, not {count}; give the cuts"
+            )
+        return defaults[count]
 
 
 def _build_densenet121(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
@@ -81,7 +95,7 @@ _SPECS: dict[str, ModelSpec] = {
             "Convolutional Networks')",
             default_input_shape=(1, 64, 64),
             default_cut="features.transition1",
-            default_ushaped_cuts=("features.transition1", "features.norm5"),
+            default_cut_pair=("features.transition1", "features.norm5"),
             build=_build_densenet121,
         ),
         ModelSpec(
@@ -90,7 +104,7 @@ _SPECS: dict[str, ModelSpec] = {
             "Image Recognition')",
             default_input_shape=(1, 28, 28),
             default_cut="layer1",
-            default_ushaped_cuts=("layer1", "layer4"),
+            default_cut_pair=("layer1", "layer4"),
             build=_build_resnet18,
         ),
         ModelSpec(
@@ -99,7 +113,7 @@ _SPECS: dict[str, ModelSpec] = {
             "Image Recognition')",
             default_input_shape=(1, 28, 28),
             default_cut="layer1",
-            default_ushaped_cuts=("layer1", "layer4"),
+            default_cut_pair=("layer1", "layer4"),
             build=_build_resnet34,
         ),
         ModelSpec(
@@ -107,7 +121,7 @@ _SPECS: dict[str, ModelSpec] = {
             description="Small three-block CNN from MONAI Convolution blocks (fast on CPU)",
             default_input_shape=(1, 28, 28),
             default_cut="pool1",
-            default_ushaped_cuts=("pool1", "pool"),
+            default_cut_pair=("pool1", "pool"),
             build=_build_small_cnn,
         ),
         ModelSpec(
@@ -116,7 +130,7 @@ _SPECS: dict[str, ModelSpec] = {
             "after block1 or block2)",
             default_input_shape=(1, 28, 28),
             default_cut="block1",
-            default_ushaped_cuts=("block1", "block3"),
+            default_cut_pair=("block1", "block3"),
             build=_build_skip_net,
         ),
     )

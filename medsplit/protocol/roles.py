@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -11,7 +11,6 @@ import torch
 
 from medsplit.cutting import BoundaryTensor
 from medsplit.errors import ProtocolError
-from medsplit.modes import Mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.party import Party
 from medsplit.wire import Frame, FrameKind, FrameMeta, FrameSpec, TensorSpec
@@ -33,7 +32,7 @@ class StepIds:
     turn: int
     step: int
 
-    def meta(self, kind: FrameKind, mode: Mode, codec: str) -> FrameMeta:
+    def meta(self, kind: FrameKind, mode: str, codec: str) -> FrameMeta:
         return FrameMeta(
             job=self.job,
             round=self.round,
@@ -66,9 +65,12 @@ class StepResult:
 
 
 class ClientRole(ABC):
-    """The hospital's side of one mode: starts each step and reacts to the server's frames."""
+    """The hospital's side of one mode: starts each step and reacts to the server's frames.
 
-    mode: Mode
+    ``mode`` is the mode's name, written into every frame it sends.
+    """
+
+    mode: str
 
     @abstractmethod
     def start(self, ids: StepIds, x: torch.Tensor, y: torch.Tensor) -> Frame:
@@ -84,9 +86,12 @@ class ClientRole(ABC):
 
 
 class ServerRole(ABC):
-    """The server's side of one mode: answers each frame from a hospital with one frame."""
+    """The server's side of one mode: answers each frame from a hospital with one frame.
 
-    mode: Mode
+    ``mode`` is the mode's name, written into every frame it sends.
+    """
+
+    mode: str
 
     @abstractmethod
     def handle(self, frame: Frame) -> Frame:
@@ -154,6 +159,20 @@ class Rollback:
                 buffer.copy_(saved)
         for party in self.parties:
             party.optimizer.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def eval_mode(segments: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Put ``segments`` in eval mode and restore every module's own flag afterwards."""
+    modules = [m for segment in segments for m in segment.modules()]
+    flags = {m: m.training for m in modules}
+    for segment in segments:
+        segment.eval()
+    try:
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
 
 
 @contextmanager

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from medsplit.errors import ConfigError
-from medsplit.modes import Mode
+from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 
-CUTS_PER_MODE = {Mode.VANILLA: 1, Mode.USHAPED: 2}
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 
@@ -17,8 +16,8 @@ class TrainingConfig:
     """A job's training settings.
 
     Attributes:
-        cuts: submodule names to cut after: one for vanilla, two for U-shaped.
-        mode: ``vanilla`` or ``ushaped`` (vertical and SplitFed come later).
+        cuts: submodule names to cut after, as many as the mode cuts.
+        mode: the name of a registered mode (:mod:`medsplit.modes`).
         client_optimizer: optimizer of the hospitals' segments.
         server_optimizer: optimizer of the server's segment.
         batch_size: samples per step.
@@ -32,7 +31,7 @@ class TrainingConfig:
     """
 
     cuts: tuple[str, ...]
-    mode: Mode = Mode.VANILLA
+    mode: str = DEFAULT_MODE
     client_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     server_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     batch_size: int = 32
@@ -45,20 +44,9 @@ class TrainingConfig:
     drop_last: bool = True
 
     def __post_init__(self) -> None:
-        try:
-            mode = Mode(self.mode)
-        except ValueError:
-            raise ConfigError(
-                f"mode must be one of {[m.value for m in Mode]}, got {self.mode!r}"
-            ) from None
-        if mode not in CUTS_PER_MODE:
-            raise ConfigError(f"mode {mode.value!r} is not available yet; use vanilla or ushaped")
-        object.__setattr__(self, "mode", mode)
-        cuts = (self.cuts,) if isinstance(self.cuts, str) else tuple(self.cuts)
-        if len(cuts) != CUTS_PER_MODE[mode]:
-            need = CUTS_PER_MODE[mode]
-            raise ConfigError(f"{mode.value} mode needs {need} cut(s), got {list(cuts)}")
-        object.__setattr__(self, "cuts", cuts)
+        mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
+        object.__setattr__(self, "mode", mode.name)
+        object.__setattr__(self, "cuts", mode.check_cuts(self.cuts))
         for name in ("batch_size", "local_epochs", "rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -73,3 +61,8 @@ class TrainingConfig:
             raise ConfigError(
                 f"job id must be 1-128 characters of [A-Za-z0-9_.:-], got {self.job!r}"
             )
+
+    @property
+    def split_mode(self) -> SplitMode:
+        """The job's mode, from the registry."""
+        return get_mode(self.mode)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from monai.metrics import compute_roc_auc
 
 from medsplit.data import Split
+from medsplit.protocol.roles import eval_mode
+
+__all__ = ["Evaluation", "classification_metrics", "eval_mode", "evaluate", "score"]
 
 
 @dataclass(frozen=True)
@@ -17,20 +19,6 @@ class Evaluation:
     loss: float
     accuracy: float
     samples: int
-
-
-@contextmanager
-def eval_mode(segments: Sequence[torch.nn.Module]) -> Iterator[None]:
-    """Put ``segments`` in eval mode and restore every module's own flag afterwards."""
-    modules = [m for segment in segments for m in segment.modules()]
-    flags = {m: m.training for m in modules}
-    for segment in segments:
-        segment.eval()
-    try:
-        yield
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
 
 
 def evaluate(

@@ -9,7 +9,6 @@ import torch
 
 from medsplit.cutting import SplitModel
 from medsplit.data import Split
-from medsplit.protocol.layouts import SERVER_SEGMENT
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
@@ -38,9 +37,10 @@ def train_unsplit(
     whole = copy.deepcopy(model)
     params = dict(whole.named_parameters())
     parties = []
+    server_segment = config.split_mode.server_segment
     for index, segment in enumerate(split.segments):
         names = [name for name, _ in segment.named_parameters()]
-        cfg = config.server_optimizer if index == SERVER_SEGMENT else config.client_optimizer
+        cfg = config.server_optimizer if index == server_segment else config.client_optimizer
         group = torch.nn.ParameterList([params[n] for n in names])
         parties.append(Party.create(group, cfg))
     loss_fn = loss_fn or torch.nn.CrossEntropyLoss()

@@ -59,12 +59,12 @@ def relay_limits(split: SplitModel, config: TrainingConfig) -> RelayLimits:
     per_sample = max(
         sum(t.numel * t.dtype.itemsize for t in boundary) for boundary in split.boundaries
     )
-    # Labels (int64, vanilla) and the logits of validation (at most the classes of a
-    # float64 output) are smaller than any cut in the registry, but are counted anyway.
+    # Labels (int64, where they cross) and the logits of validation (at most the classes
+    # of a float64 output) are smaller than any cut in the registry, but are counted anyway.
     frame = int(SLACK * batch * (per_sample + 8 + 8 * _outputs(split))) + FRAME_OVERHEAD
     stream = FRAMES_IN_FLIGHT * frame + FRAMES_IN_FLIGHT * ENTRY_OVERHEAD + KEY_OVERHEAD
-    # The hospital hands on its front, and in U-shaped mode its head too.
-    mine = [split.segments[0]] + ([split.segments[-1]] if len(split.segments) > 2 else [])
+    # The hospital hands on every segment it holds in the job's mode.
+    mine = [split.segments[i] for i in config.split_mode.client_segments().values()]
     state = sum(_state_bytes(segment, config.client_optimizer) for segment in mine)
     blob = int(SLACK * state) + BLOB_OVERHEAD
     return RelayLimits(frame_bytes=frame, stream_bytes=stream, blob_bytes=blob)

@@ -15,7 +15,6 @@ import torch
 
 from medsplit.cutting import SplitModel, split_model
 from medsplit.models import build_model
-from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
 
@@ -61,13 +60,13 @@ def cached_split(model: JobModel, cuts: tuple[str, ...]) -> SplitModel:
 
 def server_party(split: SplitModel, config: TrainingConfig) -> Party:
     """A fresh server party: its own copy of the server segment, with its optimizer."""
-    segment = copy.deepcopy(split.segments[SERVER_SEGMENT])
+    segment = copy.deepcopy(split.segments[config.split_mode.server_segment])
     return Party.create(segment, config.server_optimizer)
 
 
 def client_parties(split: SplitModel, config: TrainingConfig) -> dict[str, Party]:
-    """Fresh hospital parties (``front``, and ``head`` in U-shaped mode), own copies."""
+    """Fresh hospital parties (those of the mode's client segments), own copies."""
     return {
         name: Party.create(copy.deepcopy(split.segments[index]), config.client_optimizer)
-        for name, index in client_segments(config.mode).items()
+        for name, index in config.split_mode.client_segments().items()
     }

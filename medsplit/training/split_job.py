@@ -18,7 +18,6 @@ from medsplit.cutting.split import SEGMENT_NAMES
 from medsplit.data import Split
 from medsplit.errors import CutError
 from medsplit.protocol.handoff import export_parties, import_parties
-from medsplit.protocol.layouts import SERVER_SEGMENT, client_segments, make_client, make_server
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn, ServerRole, StepResult
@@ -88,6 +87,7 @@ class SplitJob:
         num_classes: int | None = None,
     ):
         self.config = config
+        self.mode = config.split_mode
         self.split: SplitModel = split_model(model, example_input, config.cuts)
         _check_every_segment_trains(self.split)
         self.channel = channel or InMemoryChannel()
@@ -96,7 +96,7 @@ class SplitJob:
             num_classes if num_classes is not None else _output_classes(self.split, example_input)
         )
         self.server_party = Party.create(
-            self.split.segments[SERVER_SEGMENT], config.server_optimizer
+            self.split.segments[self.mode.server_segment], config.server_optimizer
         )
         self.server = self._server_role(None)
         # The first hospital starts from the model's own initial weights.
@@ -110,8 +110,7 @@ class SplitJob:
             limits = turn_limits(
                 self.config, num_classes=self.num_classes, train=len(hospital.train), val=val
             )
-        return make_server(
-            self.config.mode,
+        return self.mode.server_role(
             self.server_party,
             self.split,
             job=self.config.job,
@@ -136,8 +135,8 @@ class SplitJob:
     ) -> list[StepResult]:
         """One hospital's turn: take the hand-off, train over local data, hand off."""
         parties = self.client_parties()
-        client = make_client(
-            self.config.mode, parties, self.split, codec=self.config.codec, loss_fn=self.loss_fn
+        client = self.mode.client_role(
+            parties, self.split, codec=self.config.codec, loss_fn=self.loss_fn
         )
         link = LocalLink(self.channel, RelayKeys().streams(self.config.job, hospital.name))
         self.server = self._server_role(hospital)
@@ -177,9 +176,9 @@ class SplitJob:
         """The current segments in forward order (client ones from the last hand-off)."""
         parties = self.client_parties()
         by_index = {
-            index: parties[name].module for name, index in client_segments(self.config.mode).items()
+            index: parties[name].module for name, index in self.mode.client_segments().items()
         }
-        by_index[SERVER_SEGMENT] = self.server_party.module
+        by_index[self.mode.server_segment] = self.server_party.module
         return [by_index[i] for i in sorted(by_index)]
 
     def state_dict(self) -> dict[str, torch.Tensor]:

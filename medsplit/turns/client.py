@@ -25,13 +25,12 @@ from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel
 from medsplit.data import Split
 from medsplit.errors import ChannelTimeout, ConfigError, FrameError, MedSplitError, ProtocolError
-from medsplit.modes import Mode
+from medsplit.modes import get_mode
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits, FrameRejected
 from medsplit.protocol.handoff import export_parties, import_parties, read_notes
-from medsplit.protocol.layouts import make_client
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import LOGITS, ClientRole, LossFn, StepResult, boundary_spec
+from medsplit.protocol.roles import ClientRole, LossFn, StepResult
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import classification_metrics, eval_mode
 from medsplit.training.schedule import Batch, turn_batches, turn_limits
@@ -41,8 +40,6 @@ from medsplit.wire import (
     DEFAULT_MAX_FRAME_BYTES,
     Frame,
     FrameKind,
-    FrameSpec,
-    TensorSpec,
     decode_frame,
     encode_frame,
 )
@@ -134,6 +131,7 @@ class TurnClient:
         limits: FrameLimits | None = None,
     ) -> None:
         self.ids = ids
+        self.mode = get_mode(ids.mode)
         self.channel = channel
         self.streams = streams
         self.split = split
@@ -294,8 +292,8 @@ class TurnClient:
         if kept:
             # Those of this run win: the same steps, done again, give the same losses.
             self._losses = {**_losses_of(kept), **self._losses}
-        self.role = make_client(
-            self.ids.mode, self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
+        self.role = self.mode.client_role(
+            self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
         )
         self.position = step
         self._in_step = False
@@ -356,25 +354,15 @@ class TurnClient:
     def _logits(self, frame: Frame) -> torch.Tensor:
         """The validation batch's logits from an ``eval_outputs`` frame, checked."""
         samples = self.limits.eval_batch(self.position - self.train_steps) or 0
-        if self.ids.mode == Mode.VANILLA:
-            spec = FrameSpec(
-                kind=FrameKind.EVAL_OUTPUTS,
-                tensors={LOGITS: TensorSpec((None, None), _float(frame))},
-            )
-            checks.conforms(frame, spec)
-            checks.check_logits(frame, frame.tensors[LOGITS], samples, self.limits)
-            return frame.tensors[LOGITS]
-        spec = FrameSpec(
-            kind=FrameKind.EVAL_OUTPUTS, tensors=boundary_spec(self.split.boundaries[1])
+        # How validation crosses the cut back is the mode's (medsplit.modes).
+        return self.mode.eval_logits(
+            frame,
+            parties=self.parties,
+            split=self.split,
+            samples=samples,
+            limits=self.limits,
+            device=self.device,
         )
-        checks.conforms(frame, spec)
-        checks.check_batch(frame, samples)
-        checks.check_finite(frame)
-        head = self.parties["head"].module
-        with eval_mode([head]), torch.no_grad():
-            logits = head(**dict(self._on_device(frame).tensors)).cpu()
-        checks.check_computed(frame, {"logits": logits})
-        return logits
 
     def _val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.val is not None
@@ -439,8 +427,3 @@ def _losses_of(text: str) -> dict[int, float]:
         return {int(step): float(loss) for step, loss in json.loads(text).items()}
     except (ValueError, TypeError, AttributeError):
         return {}
-
-
-def _float(frame: Frame) -> torch.dtype:
-    logits = frame.tensors.get(LOGITS)
-    return logits.dtype if logits is not None and logits.dtype.is_floating_point else torch.float32

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from medsplit.modes import Mode
 from medsplit.protocol.checks import HANDSHAKE, METRICS, FrameRejected, conforms
 from medsplit.protocol.roles import StepIds
 from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
@@ -42,12 +41,13 @@ _SCALAR = TensorSpec((), torch.int64)
 
 @dataclass(frozen=True)
 class TurnIds:
-    """Where a turn sits in its job: every frame of the turn carries these ids."""
+    """Where a turn sits in its job: every frame of the turn carries these ids
+    (``mode`` is the mode's name)."""
 
     job: str
     round: int
     position: int
-    mode: Mode
+    mode: str
     codec: str = "none"
 
     def at(self, step: int) -> StepIds:

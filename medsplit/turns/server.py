@@ -38,10 +38,10 @@ from medsplit.errors import (
     ProtocolError,
     RelayAbuse,
 )
+from medsplit.modes import get_mode
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits, FrameRejected
 from medsplit.protocol.handoff import export_parties, import_parties
-from medsplit.protocol.layouts import make_server
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LOGITS, LOSS, LossFn, ServerRole, boundary_spec
 from medsplit.training.evaluate import eval_mode
@@ -385,8 +385,7 @@ class TurnServer:
         self.progress.samples = start * self.batch_size
 
     def _new_role(self) -> ServerRole:
-        return make_server(
-            self.ids.mode,
+        return get_mode(self.ids.mode).server_role(
             self.party,
             self.split,
             job=self.ids.job,

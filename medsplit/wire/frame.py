@@ -24,7 +24,6 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from medsplit.errors import CodecError, FrameError
-from medsplit.modes import Mode
 from medsplit.wire.codecs import (
     CODECS,
     DATA_PART,
@@ -39,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "FORMAT_KEY",
     "FORMAT_VERSION",
+    "MODE_NAME_RE",
     "Frame",
     "FrameKind",
     "FrameMeta",
@@ -61,6 +61,10 @@ _TENSORS_KEY = "tensors"
 _META_KEYS = frozenset({FORMAT_KEY, "job", *_ID_FIELDS, "kind", "mode", "codec", _TENSORS_KEY})
 
 _JOB_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: What a mode's name may be, on the wire and in the coordinator's database (16
+#: characters). Which modes exist is the mode registry's business (``medsplit.modes``);
+#: the wire sits below it, and the receiver's roles never read the field.
+MODE_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,15}")
 # Ids are written as plain decimal; a sign is accepted only to say "negative" clearly.
 _INT_RE = re.compile(r"-?[0-9]{1,20}")
 # Ids must fit a signed 64-bit database column.
@@ -130,7 +134,8 @@ class FrameMeta:
         turn: turn number within the job, same range.
         step: step number within the turn, same range.
         kind: a :class:`FrameKind` or its value.
-        mode: a :class:`~medsplit.modes.Mode` or its value.
+        mode: the mode's name (:data:`MODE_NAME_RE`; the registry is
+            :mod:`medsplit.modes`).
         codec: a name in :data:`~medsplit.wire.codecs.CODECS`.
 
     Raises:
@@ -142,7 +147,7 @@ class FrameMeta:
     turn: int
     step: int
     kind: FrameKind
-    mode: Mode
+    mode: str
     codec: str = "none"
 
     def __post_init__(self) -> None:
@@ -161,7 +166,13 @@ class FrameMeta:
                 raise FrameError(f"{name} must be below 2**63, got {value}")
         # Frozen: coerced values are set through object.__setattr__.
         object.__setattr__(self, "kind", _coerce_enum(FrameKind, self.kind, "frame kind"))
-        object.__setattr__(self, "mode", _coerce_enum(Mode, self.mode, "mode"))
+        if not isinstance(self.mode, str) or MODE_NAME_RE.fullmatch(self.mode) is None:
+            raise FrameError(
+                "mode must be a mode name, 1 to 16 characters of [a-z0-9_] starting with a "
+                f"letter, got {self.mode!r}"
+            )
+        # A str subclass (an enum member) is stored as the plain name it stands for.
+        object.__setattr__(self, "mode", str.__str__(self.mode))
         get_codec(self.codec)
 
 
@@ -335,7 +346,7 @@ def encode_frame(frame: Frame, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> b
         "turn": str(meta.turn),
         "step": str(meta.step),
         "kind": meta.kind.value,
-        "mode": meta.mode.value,
+        "mode": meta.mode,
         "codec": meta.codec,
         _TENSORS_KEY: json.dumps(dtypes, separators=(",", ":")),
     }
@@ -442,7 +453,7 @@ def _read_meta(metadata: Mapping[str, str]) -> tuple[FrameMeta, dict[str, torch.
         turn=_parse_id(metadata, "turn"),
         step=_parse_id(metadata, "step"),
         kind=metadata["kind"],  # type: ignore[arg-type]  # FrameMeta coerces and checks
-        mode=metadata["mode"],  # type: ignore[arg-type]
+        mode=metadata["mode"],  # FrameMeta checks the name
         codec=metadata["codec"],
     )
     try:

@@ -24,6 +24,7 @@ from kernel.permissions import (
 )
 from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
+from medsplit.modes import MODES
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import model_cut_table, parse_input_shape
@@ -264,10 +265,19 @@ def registry_models(*, actor: Actor) -> list[dict[str, Any]]:
                 "description": spec.description,
                 "default_input_shape": list(spec.default_input_shape),
                 "default_cut": spec.default_cut,
-                "default_ushaped_cuts": list(spec.default_ushaped_cuts),
+                # Each mode picks its own from the model's data.
+                "default_cuts": {
+                    name: list(mode.default_cuts(spec)) for name, mode in MODES.items()
+                },
             }
         )
     return rows
+
+
+def registry_modes(*, actor: Actor) -> list[dict[str, Any]]:
+    """The split-learning modes jobs can use, as each describes itself, for the job form."""
+    _require_reader(actor)
+    return [mode.describe().to_json() for mode in MODES.values()]
 
 
 def registry_model_cuts(

@@ -33,11 +33,10 @@ from hospitals.models import Hospital
 from kernel.errors import InvalidInput, NotFound, TooManyRequests
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
-from medsplit.errors import ConfigError, CutError, UnknownModelError
+from medsplit.errors import ConfigError, CutError, UnknownModeError, UnknownModelError
 from medsplit.models.registry import ModelSpec, build_model, get_model_spec
-from medsplit.modes import Mode
+from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
-from medsplit.training.config import CUTS_PER_MODE
 from medsplit.wire.codecs import CODECS
 from training.models import OnFailure, optimizer_json
 
@@ -72,7 +71,8 @@ class ParticipantInput(serializers.Serializer):
         required=False,
         allow_blank=True,
         default="",
-        help_text="vertical mode only: which features this hospital holds",
+        help_text="only in modes whose hospitals hold different features of the same "
+        "patients (see GET /api/modes/): which features this hospital holds",
     )
 
 
@@ -98,12 +98,18 @@ class JobInput(serializers.Serializer):
         help_text="default: from the participants' image shape",
     )
     num_classes = serializers.IntegerField(min_value=2, max_value=10_000)
-    mode = serializers.CharField(max_length=16, required=False, default=Mode.VANILLA.value)
+    mode = serializers.CharField(
+        max_length=16,
+        required=False,
+        default=DEFAULT_MODE,
+        help_text="a mode's name (see GET /api/modes/)",
+    )
     cuts = serializers.ListField(
         child=serializers.CharField(max_length=200),
         min_length=1,
         max_length=8,
-        help_text="one cut for vanilla, two for ushaped (see GET /api/models/{name}/cuts/)",
+        help_text="as many as the mode's cuts (GET /api/modes/), among those of "
+        "GET /api/models/{name}/cuts/",
     )
     client_optimizer = serializers.DictField(required=False, default=dict)
     server_optimizer = serializers.DictField(required=False, default=dict)
@@ -212,7 +218,7 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
         in_channels=in_channels,
         num_classes=values["num_classes"],
         input_shape=shape,
-        mode=mode.value,
+        mode=mode.name,
         cuts=cuts,
         client_optimizer=optimizer_json(optimizers["client_optimizer"]),
         server_optimizer=optimizer_json(optimizers["server_optimizer"]),
@@ -259,20 +265,14 @@ def _flatten(problems: Any, prefix: str = "") -> list[str]:
     return [f"{prefix}{problems}"]
 
 
-def _check_mode(values: dict[str, Any], errors: _Errors) -> Mode | None:
+def _check_mode(values: dict[str, Any], errors: _Errors) -> SplitMode | None:
     if "mode" not in values:
         return None
     try:
-        mode = Mode(values["mode"])
-    except ValueError:
-        modes = ", ".join(m.value for m in Mode)
-        errors.add("mode", f"unknown mode {values['mode']!r}; modes: {modes}")
+        return get_mode(values["mode"])
+    except UnknownModeError as e:
+        errors.add("mode", str(e))
         return None
-    if mode not in CUTS_PER_MODE:
-        available = " or ".join(m.value for m in CUTS_PER_MODE)
-        errors.add("mode", f"mode {mode.value!r} is not available yet; use {available}")
-        return None
-    return mode
 
 
 def _check_model(values: dict[str, Any], errors: _Errors) -> ModelSpec | None:
@@ -343,7 +343,7 @@ class _Participant:
 
 
 def _check_participants(
-    values: dict[str, Any], mode: Mode | None, errors: _Errors
+    values: dict[str, Any], mode: SplitMode | None, errors: _Errors
 ) -> list[_Participant] | None:
     """The participants in order, or ``None`` when any of them is unusable."""
     if "participants" not in values:
@@ -384,10 +384,14 @@ def _check_participants(
                 "start its agent so it can report the shape of its data",
             )
             ok = False
-    if mode is not None and mode != Mode.VERTICAL:
+    if mode is not None and not mode.feature_sets:
         for entry in entries:
             if entry.get("feature_set"):
-                errors.add("participants", "feature_set is used only in vertical mode")
+                errors.add(
+                    "participants",
+                    f"feature_set is used only in modes whose hospitals hold different "
+                    f"features of the same patients; {mode.name} mode does not",
+                )
                 ok = False
                 break
     if not ok:
@@ -478,7 +482,7 @@ def _check_labels(
 
 def _check_cuts(
     values: dict[str, Any],
-    mode: Mode | None,
+    mode: SplitMode | None,
     spec: ModelSpec | None,
     shape: tuple[int, ...] | None,
     spatial_dims: int | None,
@@ -489,9 +493,8 @@ def _check_cuts(
     if "cuts" not in values:
         return ()
     cuts = tuple(values["cuts"])
-    if mode is not None and len(cuts) != CUTS_PER_MODE[mode]:
-        need = CUTS_PER_MODE[mode]
-        errors.add("cuts", f"{mode.value} mode needs {need} cut(s), got {len(cuts)}: {list(cuts)}")
+    if mode is not None and len(cuts) != mode.cuts:
+        errors.add("cuts", mode.cut_count_problem(cuts))
     if spec is None or "num_classes" not in values or "spatial_dims" in errors:
         return cuts
     num_classes = values["num_classes"]

@@ -109,6 +109,36 @@ def test_create_a_job_from_the_form(open_page, consortium_admin, three_hospitals
     assert set(order) == {h.slug for h in three_hospitals}
 
 
+def test_the_form_takes_its_modes_from_the_registry(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    """The mode choices, their help and how many cuts each takes come from GET /api/modes/."""
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto("/#/jobs/new")
+    form = page.get_by_test_id("job-form")
+    form.wait_for()
+    form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
+    mode = form.locator("select[name=mode]")
+    options = mode.locator("option").evaluate_all("nodes => nodes.map(n => [n.value, n.text])")
+    assert options == [["vanilla", "Vanilla"], ["ushaped", "U-shaped"]]
+    for hospital in three_hospitals:
+        page.get_by_test_id(f"participant-{hospital.slug}").check()
+    page.get_by_test_id("cut-pool1").wait_for(timeout=60_000)
+    mode.select_option("ushaped")
+    expect(
+        page.get_by_text("the hospital also keeps the last layers and the labels")
+    ).to_be_visible()
+    expect(page.get_by_text(re.compile(r"U-shaped: tick two cuts\."))).to_be_visible()
+    # Two boxes, the model's default pair ticked (GET /api/models/: default_cuts by mode).
+    expect(page.get_by_test_id("cut-pool1")).to_be_checked()
+    expect(page.get_by_test_id("cut-pool")).to_be_checked()
+    page.get_by_test_id("create-job").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
+    assert job.mode == "ushaped" and job.cuts == ["pool1", "pool"]
+
+
 def test_the_job_page_follows_a_running_job(
     open_page, processes: Processes, redis_url: str, consortium_admin, admin_actor: Actor, make_job
 ) -> None:

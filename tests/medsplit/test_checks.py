@@ -15,11 +15,10 @@ from medsplit.channel import InMemoryChannel
 from medsplit.cutting import split_model
 from medsplit.errors import ProtocolError
 from medsplit.models import build_model
-from medsplit.modes import Mode
+from medsplit.modes import get_mode
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits, FrameRejected
 from medsplit.protocol.handoff import export_parties
-from medsplit.protocol.layouts import make_client, make_server
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LOSS, StepIds
@@ -36,7 +35,7 @@ LIMITS = FrameLimits(batch_size=4, num_classes=2, train_steps=3, val_samples=6)
 
 
 def meta(kind: FrameKind, step: int) -> FrameMeta:
-    return FrameMeta(job=JOB, round=0, turn=0, step=step, kind=kind, mode=Mode.VANILLA)
+    return FrameMeta(job=JOB, round=0, turn=0, step=step, kind=kind, mode="vanilla")
 
 
 def frame(kind: FrameKind = FrameKind.ACTIVATIONS, step: int = 0, **tensors) -> Frame:
@@ -203,13 +202,15 @@ def bn_net() -> torch.nn.Module:
     )
 
 
-def roles(mode: Mode, limits: FrameLimits | None = LIMITS):  # type: ignore[no-untyped-def]
-    cuts = ("pool1",) if mode == Mode.VANILLA else ("pool1", "pool")
+def roles(mode: str, limits: FrameLimits | None = LIMITS):  # type: ignore[no-untyped-def]
+    cuts = ("pool1",) if mode == "vanilla" else ("pool1", "pool")
     split = split_model(bn_net(), torch.zeros(2, 1, 16, 16), cuts)
-    names = {"front": 0} if mode == Mode.VANILLA else {"front": 0, "head": 2}
+    names = {"front": 0} if mode == "vanilla" else {"front": 0, "head": 2}
     parties = {n: Party.create(copy.deepcopy(split.segments[i]), SGD) for n, i in names.items()}
-    server = make_server(mode, Party.create(split.segments[1], SGD), split, job=JOB, limits=limits)
-    return make_client(mode, parties, split), server, parties, server_module(server)
+    server = get_mode(mode).server_role(
+        Party.create(split.segments[1], SGD), split, job=JOB, limits=limits
+    )
+    return get_mode(mode).client_role(parties, split), server, parties, server_module(server)
 
 
 def server_module(server) -> torch.nn.Module:  # type: ignore[no-untyped-def]
@@ -242,7 +243,7 @@ def replace(f: Frame, **tensors: torch.Tensor) -> Frame:
     ids=["nan", "overflowing", "labels", "batch", "dtype", "step"],
 )
 def test_the_vanilla_server_refuses_before_anything_changes(change, check: str) -> None:
-    client, server, _, back = roles(Mode.VANILLA)
+    client, server, _, back = roles("vanilla")
     x, y = batch()
     good = client.start(StepIds(JOB, 0, 0, 0), x, y)
     before = state(back)
@@ -255,7 +256,7 @@ def test_the_vanilla_server_refuses_before_anything_changes(change, check: str) 
 
 
 def test_the_ushaped_server_refuses_bad_head_gradients_and_undoes_its_forward() -> None:
-    client, server, _, middle = roles(Mode.USHAPED)
+    client, server, _, middle = roles("ushaped")
     x, y = batch()
     before = state(middle)
     head_activations = server.handle(client.start(StepIds(JOB, 0, 0, 0), x, y))
@@ -267,9 +268,9 @@ def test_the_ushaped_server_refuses_bad_head_gradients_and_undoes_its_forward() 
     assert_same(before, middle)  # batch statistics of the forward are put back
 
 
-@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
 def test_a_client_refuses_non_finite_or_ill_shaped_gradients_and_applies_nothing(
-    mode: Mode,
+    mode: str,
 ) -> None:
     for bad in (
         lambda t: torch.full_like(t, torch.nan),
@@ -281,7 +282,7 @@ def test_a_client_refuses_non_finite_or_ill_shaped_gradients_and_applies_nothing
         before = state(*modules)
         x, y = batch()
         reply = server.handle(client.start(StepIds(JOB, 0, 0, 0), x, y))
-        if mode == Mode.USHAPED:
+        if mode == "ushaped":
             reply = server.handle(client.receive(reply))
         tampered = {k: t if k == LOSS else bad(t) for k, t in reply.tensors.items()}
         with pytest.raises(FrameRejected):
@@ -290,7 +291,7 @@ def test_a_client_refuses_non_finite_or_ill_shaped_gradients_and_applies_nothing
 
 
 def test_a_ushaped_client_refuses_non_finite_head_activations() -> None:
-    client, server, parties, _ = roles(Mode.USHAPED)
+    client, server, parties, _ = roles("ushaped")
     modules = [p.module for p in parties.values()]
     before = state(*modules)
     x, y = batch()
@@ -309,7 +310,7 @@ def lone_server(channel: InMemoryChannel) -> TurnServer:
     split = split_model(model, torch.zeros(2, 1, 16, 16), ("pool1",))
     party = Party.create(split.segments[1], SGD)
     return TurnServer(
-        ids=TurnIds(JOB, 0, 0, Mode.VANILLA),
+        ids=TurnIds(JOB, 0, 0, "vanilla"),
         channel=channel,
         streams=session_keys().streams(JOB, "general"),
         split=split,
@@ -349,7 +350,7 @@ def test_a_rejoin_without_a_scalar_nonce_fails_the_turn_naming_the_check() -> No
 
 
 def test_signals_carry_no_tensors() -> None:
-    ids = TurnIds(JOB, 0, 0, Mode.VANILLA)
+    ids = TurnIds(JOB, 0, 0, "vanilla")
     done = control.signal(ids, FrameKind.DONE, 4)
     checks.conforms(done, control.SIGNAL_SPEC)
     with pytest.raises(FrameRejected, match="'shape' check"):
@@ -358,7 +359,7 @@ def test_signals_carry_no_tensors() -> None:
 
 def test_labels_in_a_frame_are_still_int64_only() -> None:
     """Labels cannot be non-finite: they cross as int64, and a float label is refused."""
-    client, server, _, _ = roles(Mode.VANILLA)
+    client, server, _, _ = roles("vanilla")
     x, y = batch()
     good = client.start(StepIds(JOB, 0, 0, 0), x, y)
     with pytest.raises(FrameRejected, match=r"'shape' check.*labels"):

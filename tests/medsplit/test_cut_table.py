@@ -292,13 +292,13 @@ def test_cut_table_leaves_the_model_untouched() -> None:
 
 
 @pytest.mark.parametrize("name", model_names())
-def test_default_ushaped_cuts_split_into_three_segments(registry_models, name: str) -> None:
+def test_default_cut_pair_split_into_three_segments(registry_models, name: str) -> None:
     spec = get_model_spec(name)
     model = registry_models[name]
     x = torch.randn(2, *_input_shape(name))
-    split = split_model(model, x, spec.default_ushaped_cuts)
+    split = split_model(model, x, spec.default_cut_pair)
     assert len(split.segments) == 3
-    assert split.cuts == spec.default_ushaped_cuts
+    assert split.cuts == spec.default_cut_pair
     for segment in split.segments:
         assert sum(p.numel() for p in segment.parameters()) > 0
     model.eval()

@@ -10,7 +10,6 @@ from torch import nn
 
 from medsplit.data import Split, iter_batches, synthetic_split
 from medsplit.models import build_model
-from medsplit.modes import Mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import hospital_seed
@@ -110,7 +109,7 @@ def test_ushaped_mode_is_exact() -> None:
     model = build_model("skip_net", seed=0)
     config = TrainingConfig(
         cuts=("block1", "block3"),
-        mode=Mode.USHAPED,
+        mode="ushaped",
         client_optimizer=ADAMW,
         server_optimizer=SGD,
         batch_size=8,
@@ -134,7 +133,7 @@ def test_three_hospitals_round_robin_with_hand_off_are_exact() -> None:
 def test_three_hospitals_ushaped_round_robin_are_exact() -> None:
     config = TrainingConfig(
         cuts=("pool1", "pool"),
-        mode=Mode.USHAPED,
+        mode="ushaped",
         client_optimizer=SGD,
         server_optimizer=ADAM,
         batch_size=8,
@@ -198,10 +197,10 @@ class InPlaceAfterCut(nn.Module):
 
 
 @pytest.mark.parametrize(
-    ("mode", "cuts"), [(Mode.VANILLA, ("front",)), (Mode.USHAPED, ("front", "middle"))]
+    ("mode", "cuts"), [("vanilla", ("front",)), ("ushaped", ("front", "middle"))]
 )
 def test_a_segment_that_changes_its_input_in_place_trains_exactly(
-    mode: Mode, cuts: tuple[str, ...]
+    mode: str, cuts: tuple[str, ...]
 ) -> None:
     config = TrainingConfig(
         cuts=cuts, mode=mode, client_optimizer=SGD, server_optimizer=ADAM, batch_size=8
@@ -214,7 +213,7 @@ def test_densenet121_at_its_default_ushaped_cuts_is_exact() -> None:
     model = build_model("densenet121", seed=0)
     config = TrainingConfig(
         cuts=("features.transition1", "features.norm5"),
-        mode=Mode.USHAPED,
+        mode="ushaped",
         client_optimizer=SGD,
         server_optimizer=SGD,
         batch_size=2,

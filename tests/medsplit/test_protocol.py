@@ -12,8 +12,7 @@ from medsplit.channel import InMemoryChannel
 from medsplit.cutting import split_model
 from medsplit.errors import FrameError, ProtocolError
 from medsplit.models import build_model
-from medsplit.modes import Mode
-from medsplit.protocol.layouts import make_client, make_server
+from medsplit.modes import get_mode
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
@@ -37,14 +36,16 @@ class RecordingChannel(InMemoryChannel):
         super().send(stream, payload)
 
 
-def pair(mode: Mode, codec: str = "none"):  # type: ignore[no-untyped-def]
+def pair(mode: str, codec: str = "none"):  # type: ignore[no-untyped-def]
     model = build_model("skip_net", seed=0)
-    cuts = ("block1",) if mode == Mode.VANILLA else ("block1", "block3")
+    cuts = ("block1",) if mode == "vanilla" else ("block1", "block3")
     split = split_model(model, torch.zeros(2, 1, 16, 16), cuts)
-    names = {"front": 0} if mode == Mode.VANILLA else {"front": 0, "head": 2}
+    names = {"front": 0} if mode == "vanilla" else {"front": 0, "head": 2}
     parties = {n: Party.create(copy.deepcopy(split.segments[i]), SGD) for n, i in names.items()}
-    client = make_client(mode, parties, split, codec=codec)
-    server = make_server(mode, Party.create(split.segments[1], SGD), split, job=JOB, codec=codec)
+    client = get_mode(mode).client_role(parties, split, codec=codec)
+    server = get_mode(mode).server_role(
+        Party.create(split.segments[1], SGD), split, job=JOB, codec=codec
+    )
     return client, server, parties
 
 
@@ -61,8 +62,8 @@ def unchanged(module: nn.Module, before: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(module.state_dict()[k], v) for k, v in before.items())
 
 
-@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
-def test_only_cut_tensors_cross_and_labels_stay_home_in_ushaped(mode: Mode) -> None:
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
+def test_only_cut_tensors_cross_and_labels_stay_home_in_ushaped(mode: str) -> None:
     """Invariant 2: no raw input leaves; in U-shaped mode no label either."""
     client, server, _ = pair(mode)
     channel = RecordingChannel()
@@ -74,7 +75,7 @@ def test_only_cut_tensors_cross_and_labels_stay_home_in_ushaped(mode: Mode) -> N
     down = [decode_frame(p) for s, p in channel.log if s.endswith(":down")]
     assert [f.meta.kind for f in up] == (
         [FrameKind.ACTIVATIONS]
-        if mode == Mode.VANILLA
+        if mode == "vanilla"
         else [FrameKind.ACTIVATIONS, FrameKind.HEAD_GRADIENTS]
     )
     assert len(down) == len(up)
@@ -82,14 +83,14 @@ def test_only_cut_tensors_cross_and_labels_stay_home_in_ushaped(mode: Mode) -> N
         for name, tensor in frame.tensors.items():
             assert tensor.shape != x.shape, f"{name} has the shape of the raw input"
             assert not (tensor.dtype == y.dtype and torch.equal(tensor, y)) or (
-                mode == Mode.VANILLA and name == LABELS
+                mode == "vanilla" and name == LABELS
             ), f"labels crossed as {name!r}"
-    assert set(up[0].tensors) == {"stem", "block1"} | ({LABELS} if mode == Mode.VANILLA else set())
+    assert set(up[0].tensors) == {"stem", "block1"} | ({LABELS} if mode == "vanilla" else set())
 
 
 def test_a_re_sent_step_is_answered_again_and_applied_once() -> None:
     """A hospital that lost the answer sends the step again: same answer, no second update."""
-    client, server, _ = pair(Mode.VANILLA)
+    client, server, _ = pair("vanilla")
     x, y = batch()
     frame = client.start(StepIds(JOB, 0, 0, 0), x, y)
     first = server.handle(frame)
@@ -101,7 +102,7 @@ def test_a_re_sent_step_is_answered_again_and_applied_once() -> None:
 
 
 def test_a_re_sent_step_with_other_contents_or_an_older_step_is_refused() -> None:
-    client, server, _ = pair(Mode.VANILLA)
+    client, server, _ = pair("vanilla")
     x, y = batch()
     frame0 = client.start(StepIds(JOB, 0, 0, 0), x, y)
     server.handle(frame0)
@@ -120,7 +121,7 @@ def test_a_re_sent_step_with_other_contents_or_an_older_step_is_refused() -> Non
 
 @pytest.mark.parametrize("resend", ["activations", "head_gradients"])
 def test_ushaped_server_answers_either_exchange_again(resend: str) -> None:
-    client, server, _ = pair(Mode.USHAPED)
+    client, server, _ = pair("ushaped")
     x, y = batch()
     up = client.start(StepIds(JOB, 0, 0, 0), x, y)
     down = server.handle(up)
@@ -138,9 +139,9 @@ def test_ushaped_server_answers_either_exchange_again(resend: str) -> None:
 
 
 def test_vanilla_server_refuses_a_frame_of_another_kind() -> None:
-    _, server, _ = pair(Mode.VANILLA)
+    _, server, _ = pair("vanilla")
     frame = Frame(
-        StepIds(JOB, 0, 0, 0).meta(FrameKind.HEAD_GRADIENTS, Mode.VANILLA, "none"),
+        StepIds(JOB, 0, 0, 0).meta(FrameKind.HEAD_GRADIENTS, "vanilla", "none"),
         {"block1": torch.zeros(4, 32, 4, 4)},
     )
     with pytest.raises(ProtocolError, match="cannot handle a head_gradients frame"):
@@ -148,7 +149,7 @@ def test_vanilla_server_refuses_a_frame_of_another_kind() -> None:
 
 
 def test_server_refuses_another_jobs_frame() -> None:
-    client, server, _ = pair(Mode.VANILLA)
+    client, server, _ = pair("vanilla")
     x, y = batch()
     frame = client.start(StepIds("other-job", 0, 0, 0), x, y)
     with pytest.raises(ProtocolError, match="serves job 'job-1'"):
@@ -156,12 +157,10 @@ def test_server_refuses_another_jobs_frame() -> None:
 
 
 def test_client_refuses_gradients_for_another_step_and_changes_nothing() -> None:
-    client, server, parties = pair(Mode.VANILLA)
+    client, server, parties = pair("vanilla")
     x, y = batch()
     reply = server.handle(client.start(StepIds(JOB, 0, 0, 0), x, y))
-    wrong = Frame(
-        StepIds(JOB, 0, 0, 7).meta(FrameKind.GRADIENTS, Mode.VANILLA, "none"), reply.tensors
-    )
+    wrong = Frame(StepIds(JOB, 0, 0, 7).meta(FrameKind.GRADIENTS, "vanilla", "none"), reply.tensors)
     before = weights(parties["front"].module)
     with pytest.raises(ProtocolError, match="step in flight"):
         client.receive(wrong)
@@ -171,7 +170,7 @@ def test_client_refuses_gradients_for_another_step_and_changes_nothing() -> None
 
 
 def test_client_cannot_start_a_step_while_one_is_in_flight() -> None:
-    client, _, _ = pair(Mode.VANILLA)
+    client, _, _ = pair("vanilla")
     x, y = batch()
     client.start(StepIds(JOB, 0, 0, 0), x, y)
     with pytest.raises(ProtocolError, match="still in flight"):
@@ -179,9 +178,9 @@ def test_client_cannot_start_a_step_while_one_is_in_flight() -> None:
 
 
 def test_ushaped_server_refuses_gradients_before_activations() -> None:
-    _, server, _ = pair(Mode.USHAPED)
+    _, server, _ = pair("ushaped")
     frame = Frame(
-        StepIds(JOB, 0, 0, 0).meta(FrameKind.HEAD_GRADIENTS, Mode.USHAPED, "none"),
+        StepIds(JOB, 0, 0, 0).meta(FrameKind.HEAD_GRADIENTS, "ushaped", "none"),
         {"block3": torch.zeros(4, 64, 4, 4)},
     )
     with pytest.raises(ProtocolError, match="no step in flight"):
@@ -189,7 +188,7 @@ def test_ushaped_server_refuses_gradients_before_activations() -> None:
 
 
 def test_labels_of_another_batch_size_are_refused() -> None:
-    client, server, _ = pair(Mode.VANILLA)
+    client, server, _ = pair("vanilla")
     x, y = batch()
     frame = client.start(StepIds(JOB, 0, 0, 0), x, y)
     tensors = dict(frame.tensors)
@@ -201,7 +200,7 @@ def test_labels_of_another_batch_size_are_refused() -> None:
 
 
 def test_corrupt_or_ill_shaped_frames_fail_decoding_against_what_the_server_expects() -> None:
-    client, server, _ = pair(Mode.VANILLA)
+    client, server, _ = pair("vanilla")
     x, y = batch()
     frame = client.start(StepIds(JOB, 0, 0, 0), x, y)
     payload = encode_frame(frame)
@@ -220,8 +219,8 @@ def test_corrupt_or_ill_shaped_frames_fail_decoding_against_what_the_server_expe
 def run_one_step(model: nn.Module, cut: str, config: OptimizerConfig = SGD) -> tuple:  # type: ignore[type-arg]
     split = split_model(model, torch.zeros(2, 3), cut)
     front = Party.create(split.front, config)
-    client = make_client(Mode.VANILLA, {"front": front}, split)
-    server = make_server(Mode.VANILLA, Party.create(split.back, config), split, job=JOB)
+    client = get_mode("vanilla").client_role({"front": front}, split)
+    server = get_mode("vanilla").server_role(Party.create(split.back, config), split, job=JOB)
     channel = RecordingChannel()
     link = LocalLink(channel, session_keys().streams(JOB, "h"))
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])

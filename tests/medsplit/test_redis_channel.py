@@ -17,8 +17,7 @@ from medsplit.channel import InMemoryChannel, RedisChannel
 from medsplit.channel.base import Channel
 from medsplit.cutting import split_model
 from medsplit.errors import ChannelError, ChannelTimeout
-from medsplit.modes import Mode
-from medsplit.protocol.layouts import make_client, make_server
+from medsplit.modes import get_mode
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
@@ -243,8 +242,8 @@ def one_step(channel: Channel, job: str) -> dict[str, torch.Tensor]:
     config = OptimizerConfig(name="sgd", lr=0.1)
     front = Party.create(split.front, config)
     back = Party.create(split.back, config)
-    client = make_client(Mode.VANILLA, {"front": front}, split)
-    server = make_server(Mode.VANILLA, back, split, job="job-1")
+    client = get_mode("vanilla").client_role({"front": front}, split)
+    server = get_mode("vanilla").server_role(back, split, job="job-1")
     gen = torch.Generator().manual_seed(1)
     x, y = torch.rand(4, 16, generator=gen), torch.randint(0, 2, (4,), generator=gen)
     LocalLink(channel, session_keys().streams(job, "h1"), timeout=5).run_step(

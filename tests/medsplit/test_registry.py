@@ -75,7 +75,11 @@ def test_spec_fields_are_well_formed(name: str) -> None:
     assert spec.description and "\n" not in spec.description
     assert len(spec.default_input_shape) == 3
     assert all(isinstance(s, int) and s > 0 for s in spec.default_input_shape)
-    assert len(spec.default_ushaped_cuts) == 2
+    assert len(spec.default_cut_pair) == 2
+    assert spec.default_cuts(1) == (spec.default_cut,)
+    assert spec.default_cuts(2) == spec.default_cut_pair
+    with pytest.raises(ConfigError, match=rf"{name} has default cuts for 1 or 2 cuts, not 3"):
+        spec.default_cuts(3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.name = "other"  # type: ignore[misc]
 
@@ -242,7 +246,7 @@ def test_default_cuts_name_submodules_and_keep_raw_input_home(name: str) -> None
     model = build_model(name, seed=0)
     modules = dict(model.named_modules())
     graph = fx.symbolic_trace(model)
-    for cut in (spec.default_cut, *spec.default_ushaped_cuts):
+    for cut in (spec.default_cut, *spec.default_cut_pair):
         assert cut in modules, cut
         crossing = _crossing(graph, _cut_index(graph, cut))
         assert crossing, cut
@@ -254,8 +258,8 @@ def test_default_cuts_name_submodules_and_keep_raw_input_home(name: str) -> None
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_ushaped_cuts_leave_parameters_in_all_three_segments(name: str) -> None:
-    cut1, cut2 = get_model_spec(name).default_ushaped_cuts
+def test_default_cut_pairs_leave_parameters_in_all_three_segments(name: str) -> None:
+    cut1, cut2 = get_model_spec(name).default_cut_pair
     graph = fx.symbolic_trace(build_model(name, seed=0))
     first, second = _cut_index(graph, cut1), _cut_index(graph, cut2)
     assert first < second

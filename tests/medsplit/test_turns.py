@@ -13,7 +13,6 @@ from medsplit.channel import InMemoryChannel
 from medsplit.cutting import split_model
 from medsplit.data import Split, synthetic_split
 from medsplit.errors import ProtocolError
-from medsplit.modes import Mode
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
@@ -48,8 +47,8 @@ def shares(n: int, parts: int) -> list[Split]:
     return [Split(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
 
 
-def config_for(mode: Mode, **overrides) -> TrainingConfig:
-    cuts = ("2",) if mode == Mode.VANILLA else ("2", "4")
+def config_for(mode: str, **overrides) -> TrainingConfig:
+    cuts = ("2",) if mode == "vanilla" else ("2", "4")
     values = dict(
         cuts=cuts,
         mode=mode,
@@ -72,8 +71,8 @@ def assert_equals_unsplit(job, model: nn.Module, splits: list[Split], config: Tr
     assert not torch.equal(want["1.weight"], model.state_dict()["1.weight"]), "nothing trained"
 
 
-@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
-def test_a_job_over_the_relay_equals_unsplit_training(mode: Mode) -> None:
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
+def test_a_job_over_the_relay_equals_unsplit_training(mode: str) -> None:
     model, splits, config = mlp(), shares(48, 3), config_for(mode)
     vals = shares(10, 3)
     with deterministic():
@@ -87,8 +86,8 @@ def test_a_job_over_the_relay_equals_unsplit_training(mode: Mode) -> None:
         assert 0.0 <= metrics["val_accuracy"] <= 1.0
 
 
-@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
-def test_a_server_that_dies_mid_turn_is_replaced_and_nothing_is_applied_twice(mode: Mode) -> None:
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
+def test_a_server_that_dies_mid_turn_is_replaced_and_nothing_is_applied_twice(mode: str) -> None:
     """Killed after steps 4 and 5 of one turn (checkpoints every 3): the next server
     resumes from the checkpoint after step 2, the hospital rolls back to its snapshot
     before step 3, and the final weights still equal unsplit training exactly."""
@@ -107,8 +106,8 @@ def test_a_server_that_dies_mid_turn_is_replaced_and_nothing_is_applied_twice(mo
     assert scripts[(0, 1)].steps_seen[:6] == [1, 2, 3, 4, 5, 4]
 
 
-@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.USHAPED])
-def test_pause_takes_effect_within_a_step_and_resume_continues_exactly(mode: Mode) -> None:
+@pytest.mark.parametrize("mode", ["vanilla", "ushaped"])
+def test_pause_takes_effect_within_a_step_and_resume_continues_exactly(mode: str) -> None:
     model, splits, config = mlp(), shares(48, 3), config_for(mode, rounds=1)
     scripts = {1: ScriptedHooks(pause_at={4})}
     with deterministic():
@@ -131,7 +130,7 @@ def test_pause_takes_effect_within_a_step_and_resume_continues_exactly(mode: Mod
 
 
 def test_stop_ends_the_turn_on_both_sides() -> None:
-    model, splits, config = mlp(), shares(48, 2), config_for(Mode.VANILLA, rounds=1)
+    model, splits, config = mlp(), shares(48, 2), config_for("vanilla", rounds=1)
     job = run_over_relay(
         model,
         splits,
@@ -146,14 +145,14 @@ def test_stop_ends_the_turn_on_both_sides() -> None:
 
 
 def lone_server(channel: InMemoryChannel, **kwargs) -> TurnServer:
-    config = config_for(Mode.VANILLA)
+    config = config_for("vanilla")
     model = mlp()
     split = split_model(model, torch.zeros(2, 1, 8, 8), config.cuts)
     from medsplit.protocol.party import Party
 
     party = Party.create(split.segments[1], config.server_optimizer)
     return TurnServer(
-        ids=TurnIds(config.job, 0, 0, Mode.VANILLA),
+        ids=TurnIds(config.job, 0, 0, "vanilla"),
         channel=channel,
         streams=session_keys().streams(config.job, "h0"),
         split=split,
@@ -211,7 +210,7 @@ def test_a_rejoin_without_the_starting_snapshot_cannot_resume() -> None:
 
 
 def test_metrics_frames_are_checked() -> None:
-    ids = TurnIds("j", 0, 0, Mode.VANILLA)
+    ids = TurnIds("j", 0, 0, "vanilla")
     good = control.metrics(ids, 3, {"val_accuracy": 0.5})
     assert control.metric_values(good) == {"val_accuracy": 0.5}
     with pytest.raises(ProtocolError, match="not finite"):
@@ -230,10 +229,10 @@ def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> 
     from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
     from tests.medsplit.turn_harness import ScriptedHooks
 
-    model, (data,), config = mlp(), shares(48, 1), config_for(Mode.VANILLA, rounds=1)
+    model, (data,), config = mlp(), shares(48, 1), config_for("vanilla", rounds=1)
     channel = InMemoryChannel()
     split = split_model(model, data.images[:2], config.cuts)
-    ids = TurnIds(config.job, 0, 0, Mode.VANILLA)
+    ids = TurnIds(config.job, 0, 0, "vanilla")
     streams = session_keys().streams(config.job, "h0")
     party = server_party(split, config)
     server = TurnServer(
@@ -270,7 +269,7 @@ def test_a_traced_split_is_shared_but_every_party_trains_its_own_copy() -> None:
     from medsplit.training.setup import JobModel, cached_split, client_parties, server_party
 
     model = JobModel("small_cnn", 2, 1, 2, (1, 28, 28), seed=3)
-    config = config_for(Mode.VANILLA, cuts=("pool1",))
+    config = config_for("vanilla", cuts=("pool1",))
     split = cached_split(model, ("pool1",))
     assert cached_split(model, ("pool1",)) is split, "traced once per process"
     first, second = server_party(split, config), server_party(split, config)
@@ -293,10 +292,10 @@ def _one_turn(*, stop_after: int | None) -> tuple[list[float], list, list]:
     from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
     from tests.medsplit.turn_harness import ScriptedHooks
 
-    model, (data,), config = mlp(), shares(48, 1), config_for(Mode.VANILLA, rounds=1)
+    model, (data,), config = mlp(), shares(48, 1), config_for("vanilla", rounds=1)
     channel = InMemoryChannel()
     split = split_model(model, data.images[:2], config.cuts)
-    ids = TurnIds(config.job, 0, 0, Mode.VANILLA)
+    ids = TurnIds(config.job, 0, 0, "vanilla")
     streams = session_keys().streams(config.job, "h0")
     party = server_party(split, config)
     hooks = ScriptedHooks()

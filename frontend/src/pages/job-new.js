@@ -2,8 +2,10 @@
 // training.validation.JobInput; the server checks everything and answers 400 with
 // details per field, which are shown beside the field of the same name.
 //
-// Reads: GET /api/models/ (the registry), GET /api/hospitals/?status=enrolled (who may
-// take part, with the shape of the data they reported) and
+// Reads: GET /api/models/ (the registry), GET /api/modes/ (the split-learning modes as
+// each describes itself: the mode choices, their help and how many cuts each takes),
+// GET /api/hospitals/?status=enrolled (who may take part, with the shape of the data
+// they reported) and
 // GET /api/models/<name>/cuts/?input_shape=c,h,w (the cut table at the participants'
 // shape). "Create and schedule" also POSTs /api/jobs/<id>/schedule/.
 
@@ -11,14 +13,6 @@ import { api, apiAll } from "../api.js";
 import { isConsortiumAdmin } from "../app.js";
 import { badge, bytes, el, field, showErrors, toast } from "../ui.js";
 
-const MODES = [
-  ["vanilla", "vanilla"],
-  ["ushaped", "ushaped"],
-];
-const MODE_HELP = {
-  vanilla: "the hospital keeps the first layers; the server the rest and the labels",
-  ushaped: "the hospital also keeps the last layers and the labels (two cuts)",
-};
 const CODECS = [
   ["none", "none (float32)"],
   ["fp16", "fp16"],
@@ -97,6 +91,31 @@ function commonShape(chosen) {
   return { shape: shapes[0][1], problem: null };
 }
 
+const NUMBER_WORDS = { 1: "one", 2: "two", 3: "three", 4: "four" };
+
+/** What a segment of a model cut ``cuts`` times is, in words. */
+function spanOf(index, cuts) {
+  if (index === 0) return cuts === 1 ? "the layers up to it" : "the layers before the first";
+  if (index === cuts) return cuts === 1 ? "the rest" : "after the last";
+  return cuts === 2 ? "those between" : `those between cuts ${index} and ${index + 1}`;
+}
+
+function listed(items) {
+  if (!items.length) return "nothing";
+  const [first, ...rest] = items;
+  const all = [/^the |^those /.test(first) ? first : `the layers ${first}`, ...rest];
+  return all.length > 1 ? `${all.slice(0, -1).join(", ")} and ${all[all.length - 1]}` : all[0];
+}
+
+/** How to pick the cuts of ``mode`` (a GET /api/modes/ entry), and who runs what. */
+function cutHelpFor(mode) {
+  if (!mode) return "";
+  const count = mode.cuts === 1 ? "choose one cut" : `tick ${NUMBER_WORDS[mode.cuts] || mode.cuts} cuts`;
+  const runs = (side) =>
+    listed(mode.segments.filter((s) => s.side === side).map((s) => spanOf(s.index, mode.cuts)));
+  return `${mode.title}: ${count}. The hospital runs ${runs("hospital")}; the server runs ${runs("server")}.`;
+}
+
 /** The fewest classes that cover every label the hospitals reported (as the server counts). */
 function classesNeeded(chosen) {
   const labels = new Set();
@@ -165,8 +184,9 @@ export async function render(root) {
     return null;
   }
 
-  const [models, hospitalsRaw] = await Promise.all([
+  const [models, modes, hospitalsRaw] = await Promise.all([
     api("models/"),
+    api("modes/"),
     apiAll("hospitals/", { status: "enrolled", page_size: 500 }),
   ]);
   const hospitals = (hospitalsRaw || []).filter((h) => h.status === "enrolled");
@@ -180,8 +200,11 @@ export async function render(root) {
     models.map((m) => el("option", { value: m.name }, m.name)),
   );
   const modelHelp = el("p", { class: "help" });
-  const mode = select("mode", MODES, "vanilla");
-  const modeHelp = el("p", { class: "help", "aria-live": "polite" }, MODE_HELP.vanilla);
+  // The registry's first mode is the default a job gets when it does not say.
+  const modeByName = new Map(modes.map((m) => [m.name, m]));
+  const mode = select("mode", modes.map((m) => [m.name, m.title]), modes[0]?.name);
+  const currentMode = () => modeByName.get(mode.value);
+  const modeHelp = el("p", { class: "help", "aria-live": "polite" }, currentMode()?.summary || "");
   const numClasses = numberInput("num_classes", 2, { min: "2", max: "10000" });
   let numClassesTouched = false;
   numClasses.addEventListener("input", () => {
@@ -406,7 +429,8 @@ export async function render(root) {
   let shapeKey = "";
   let cutRows = [];
   let cutNote = ""; // why the table is not at the participants' shape, if it is not
-  const selectedCuts = { vanilla: [], ushaped: [] };
+  // The cuts chosen in each mode, by the mode's name (switching modes keeps them).
+  const selectedCuts = Object.fromEntries(modes.map((m) => [m.name, []]));
   let cutRequest = 0;
   const cutCache = new Map();
 
@@ -471,23 +495,22 @@ export async function render(root) {
     cutRows = answer.cuts || [];
     cutNote = answer.note || "";
     const names = new Set(cutRows.map((r) => r.name));
-    // Keep choices that still exist; otherwise start from the model's defaults.
-    selectedCuts.vanilla = selectedCuts.vanilla.filter((c) => names.has(c));
-    if (!selectedCuts.vanilla.length && names.has(spec.default_cut)) selectedCuts.vanilla = [spec.default_cut];
-    selectedCuts.ushaped = selectedCuts.ushaped.filter((c) => names.has(c));
-    if (!selectedCuts.ushaped.length) {
-      selectedCuts.ushaped = (spec.default_ushaped_cuts || []).filter((c) => names.has(c));
+    // Keep choices that still exist; otherwise start from the model's defaults in each mode.
+    for (const m of modes) {
+      selectedCuts[m.name] = (selectedCuts[m.name] || []).filter((c) => names.has(c));
+      if (!selectedCuts[m.name].length) {
+        selectedCuts[m.name] = (spec.default_cuts?.[m.name] || []).filter((c) => names.has(c));
+      }
     }
     drawCuts();
   }
 
   function drawCuts() {
-    const ushaped = mode.value === "ushaped";
+    const chosenMode = currentMode();
+    const needed = chosenMode?.cuts || 1;
+    const several = needed > 1;
     const picked = selectedCuts[mode.value] || [];
-    cutHelp.textContent = ushaped
-      ? "U-shaped: tick two cuts. The hospital runs the layers before the first and after the " +
-        "second; the server runs those between."
-      : "Vanilla: choose one cut. The hospital runs the layers up to it; the server the rest.";
+    cutHelp.textContent = cutHelpFor(chosenMode);
     if (!cutRows.length) {
       if (!cutTableBox.querySelector(".warn, .muted")) {
         cutTableBox.replaceChildren(el("p", { class: "muted" }, "This model has no cut points."));
@@ -497,7 +520,7 @@ export async function render(root) {
     const head = el(
       "tr",
       {},
-      el("th", { scope: "col" }, ushaped ? "Use (two)" : "Use"),
+      el("th", { scope: "col" }, several ? `Use (${NUMBER_WORDS[needed] || needed})` : "Use"),
       el("th", { scope: "col" }, "Cut after"),
       el("th", { scope: "col", class: "num" }, "Client parameters"),
       el("th", { scope: "col", class: "num" }, "Client FLOPs / sample"),
@@ -508,7 +531,7 @@ export async function render(root) {
     const body = cutRows.map((row) => {
       const id = `cut-${row.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
       const input = el("input", {
-        type: ushaped ? "checkbox" : "radio",
+        type: several ? "checkbox" : "radio",
         name: "cuts",
         value: row.name,
         id,
@@ -516,14 +539,14 @@ export async function render(root) {
         "data-testid": `cut-${row.name}`,
         "aria-describedby": "cuts-help",
         onchange: (event) => {
-          if (ushaped) {
-            let list = selectedCuts.ushaped.filter((c) => c !== row.name);
+          if (several) {
+            let list = (selectedCuts[mode.value] || []).filter((c) => c !== row.name);
             if (event.target.checked) list.push(row.name);
-            // At most two: a third tick replaces the oldest choice.
-            if (list.length > 2) list = list.slice(-2);
-            selectedCuts.ushaped = list;
+            // At most as many as the mode cuts: one more tick replaces the oldest choice.
+            if (list.length > needed) list = list.slice(-needed);
+            selectedCuts[mode.value] = list;
           } else {
-            selectedCuts.vanilla = [row.name];
+            selectedCuts[mode.value] = [row.name];
           }
           const focusId = event.target.id;
           drawCuts();
@@ -572,12 +595,11 @@ export async function render(root) {
   model.addEventListener("change", () => {
     const spec = currentModel();
     modelHelp.textContent = spec?.description || "";
-    selectedCuts.vanilla = [];
-    selectedCuts.ushaped = [];
+    for (const name of Object.keys(selectedCuts)) selectedCuts[name] = [];
     refreshShape();
   });
   mode.addEventListener("change", () => {
-    modeHelp.textContent = MODE_HELP[mode.value] || "";
+    modeHelp.textContent = currentMode()?.summary || "";
     drawCuts();
   });
 

@@ -364,7 +364,37 @@ class RegistryModelSerializer(serializers.Serializer):
     description = serializers.CharField()
     default_input_shape = serializers.ListField(child=serializers.IntegerField())
     default_cut = serializers.CharField()
-    default_ushaped_cuts = serializers.ListField(child=serializers.CharField())
+    default_cuts = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="the model's default cuts in each mode, by the mode's name",
+    )
+
+
+class ModeOptionSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.ChoiceField(choices=["int", "float", "str", "bool"])
+    default = serializers.JSONField()
+    help = serializers.CharField()
+
+
+class ModeSegmentSerializer(serializers.Serializer):
+    index = serializers.IntegerField(help_text="0 is the first segment, before the first cut")
+    party = serializers.CharField()
+    side = serializers.ChoiceField(choices=["hospital", "server"])
+
+
+class ModeSerializer(serializers.Serializer):
+    """A split-learning mode as it describes itself (medsplit.modes.ModeDescription)."""
+
+    name = serializers.CharField(help_text="what a job's mode field takes")
+    title = serializers.CharField()
+    summary = serializers.CharField()
+    cuts = serializers.IntegerField(help_text="how many cuts a job in this mode gives")
+    labels = serializers.ChoiceField(
+        choices=["hospital", "server"], help_text="who holds the labels and computes the loss"
+    )
+    segments = ModeSegmentSerializer(many=True)
+    options = ModeOptionSerializer(many=True)
 
 
 class CrossingTensorSerializer(serializers.Serializer):

@@ -6,6 +6,7 @@ from training.api import key_views, views
 from training.states import JobState
 
 urlpatterns = [
+    path("modes/", views.ModeListView.as_view(), name="mode-list"),
     path("models/", views.ModelListView.as_view(), name="model-list"),
     path("models/<str:name>/cuts/", views.ModelCutsView.as_view(), name="model-cuts"),
     path("jobs/", views.JobListCreateView.as_view(), name="job-list"),

@@ -31,6 +31,7 @@ from training.api.serializers import (
     JobSerializer,
     JobStatusSerializer,
     MetricPointSerializer,
+    ModeSerializer,
     RegistryModelSerializer,
     TransitionInputSerializer,
     TurnSerializer,
@@ -75,6 +76,16 @@ class ModelListView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(selectors.registry_models(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class ModeListView(APIView):
+    @extend_schema(
+        summary="The split-learning modes jobs can use",
+        responses=ModeSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_modes(actor=_actor(request)))
 
 
 @extend_schema(tags=["models"])

@@ -63,14 +63,22 @@ def test_cuts_out_of_order_give_medsplits_reason(job_data) -> None:
     assert "must come after" in details["cuts"][0]
 
 
-@pytest.mark.parametrize("mode", ["vertical", "splitfed"])
-def test_later_modes_are_refused_clearly(job_data, mode) -> None:
+@pytest.mark.parametrize("mode", ["vertical", "splitfed", "diagonal"])
+def test_a_mode_not_registered_is_refused_with_the_known_ones(job_data, mode) -> None:
     details = refused(job_data(mode=mode))
-    assert details["mode"] == [f"mode {mode!r} is not available yet; use vanilla or ushaped"]
+    assert details["mode"] == [f"unknown mode {mode!r}; known modes: vanilla, ushaped"]
 
 
-def test_unknown_mode(job_data) -> None:
-    assert "unknown mode 'diagonal'" in refused(job_data(mode="diagonal"))["mode"][0]
+def test_a_registered_mode_is_accepted_and_its_cut_count_checked(job_data, monkeypatch) -> None:
+    from medsplit.modes import MODES
+    from tests.medsplit.test_modes import TOY
+
+    monkeypatch.setitem(MODES, TOY.name, TOY)
+    spec = job_spec_validate(data=job_data(mode="toy", cuts=["pool1"]))
+    assert spec.mode == "toy" and spec.cuts == ("pool1",)
+    assert refused(job_data(mode="toy", cuts=["pool1", "pool"]))["cuts"] == [
+        "toy mode needs 1 cut(s), got 2: ['pool1', 'pool']"
+    ]
 
 
 def test_densenet_does_not_fit_28_by_28_images(job_data) -> None:
@@ -149,7 +157,10 @@ def test_participants_must_be_enrolled(job_data, status) -> None:
 
 def test_feature_sets_are_for_vertical_mode_only(job_data) -> None:
     data = job_data(participants=[{"hospital": "st-marys", "feature_set": "ct"}])
-    assert refused(data)["participants"] == ["feature_set is used only in vertical mode"]
+    assert refused(data)["participants"] == [
+        "feature_set is used only in modes whose hospitals hold different features of the "
+        "same patients; vanilla mode does not"
+    ]
 
 
 @pytest.mark.parametrize(

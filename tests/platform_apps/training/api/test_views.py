@@ -75,12 +75,56 @@ def test_models_lists_the_registry(admin, olga) -> None:
         assert response.status_code == 200
         small = {m["name"]: m for m in response.json()}["small_cnn"]
         assert small["default_input_shape"] == [1, 28, 28] and small["default_cut"] == "pool1"
+        # Each mode picks the model's default cuts (medsplit.modes.SplitMode.default_cuts).
+        assert small["default_cuts"] == {"vanilla": ["pool1"], "ushaped": ["pool1", "pool"]}
 
 
 def test_models_refuse_no_role_agents_and_strangers(nora, agent_client, hospital_a) -> None:
     error(nora.get("/api/models/"), 403, "permission_denied")
     error(agent_client(hospital_a).get("/api/models/"), 403, "permission_denied")
     response = APIClient().get("/api/models/")
+    assert response.status_code in (401, 403)
+    assert response.json()["code"] == "not_authenticated"
+
+
+def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal) -> None:
+    for client in (admin, olga, hal):
+        response = client.get("/api/modes/")
+        assert response.status_code == 200, response.content
+        modes = {m["name"]: m for m in response.json()}
+        assert list(modes) == ["vanilla", "ushaped"]
+        assert modes["vanilla"] == {
+            "name": "vanilla",
+            "title": "Vanilla",
+            "summary": "the hospital keeps the first layers; the server the rest and the labels",
+            "cuts": 1,
+            "labels": "server",
+            "segments": [
+                {"index": 0, "party": "front", "side": "hospital"},
+                {"index": 1, "party": "server", "side": "server"},
+            ],
+            "options": [],
+        }
+        ushaped = modes["ushaped"]
+        assert (ushaped["cuts"], ushaped["labels"]) == (2, "hospital")
+        assert [s["side"] for s in ushaped["segments"]] == ["hospital", "server", "hospital"]
+
+
+def test_modes_show_a_mode_registered_later(admin, monkeypatch) -> None:
+    from medsplit.modes import MODES
+    from tests.medsplit.test_modes import TOY
+
+    monkeypatch.setitem(MODES, TOY.name, TOY)
+    toy = admin.get("/api/modes/").json()[-1]
+    assert toy["name"] == "toy" and toy["options"] == [
+        {"name": "group_size", "type": "int", "default": 2, "help": "hospitals per parallel group"}
+    ]
+
+
+def test_modes_refuse_no_role_agents_and_strangers(nora, agent_client, hospital_a) -> None:
+    error(nora.get("/api/modes/"), 403, "permission_denied")
+    error(agent_client(hospital_a).get("/api/modes/"), 403, "permission_denied")
+    response = APIClient().get("/api/modes/")
     assert response.status_code in (401, 403)
     assert response.json()["code"] == "not_authenticated"
 

@@ -6,11 +6,13 @@ Gupta & Raskar, "Distributed learning of deep neural network over multiple agent
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from medsplit.cutting import BoundaryTensor
+from medsplit.cutting import BoundaryTensor, SplitModel
 from medsplit.errors import ProtocolError
-from medsplit.modes import Mode
+from medsplit.modes.base import Side, SplitMode
 from medsplit.protocol.checks import (
     FrameLimits,
     batch_of,
@@ -18,6 +20,7 @@ from medsplit.protocol.checks import (
     check_computed,
     check_finite,
     check_labels,
+    check_logits,
     check_training_batch,
     check_training_step,
     conforms,
@@ -25,6 +28,7 @@ from medsplit.protocol.checks import (
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import (
     LABELS,
+    LOGITS,
     LOSS,
     AppliedSteps,
     ClientRole,
@@ -43,6 +47,71 @@ from medsplit.protocol.roles import (
 )
 from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
 
+NAME = "vanilla"
+
+
+class VanillaMode(SplitMode):
+    """One cut: the hospital holds the front, the server the back, the labels and the loss."""
+
+    name = NAME
+    title = "Vanilla"
+    summary = "the hospital keeps the first layers; the server the rest and the labels"
+    cuts = 1
+    labels = Side.SERVER
+
+    def client_segments(self) -> dict[str, int]:
+        return {"front": 0}
+
+    def client_role(
+        self,
+        parties: Mapping[str, Party],
+        split: SplitModel,
+        *,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+    ) -> VanillaClient:
+        return VanillaClient(front=parties["front"], boundary=split.boundaries[0], codec=codec)
+
+    def server_role(
+        self,
+        party: Party,
+        split: SplitModel,
+        *,
+        job: str,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+        limits: FrameLimits | None = None,
+    ) -> VanillaServer:
+        return VanillaServer(
+            back=party,
+            boundary=split.boundaries[0],
+            job=job,
+            loss_fn=loss_fn,
+            codec=codec,
+            limits=limits,
+        )
+
+    def eval_logits(
+        self,
+        frame: Frame,
+        *,
+        parties: Mapping[str, Party],
+        split: SplitModel,
+        samples: int,
+        limits: FrameLimits,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """The server's back ends in the logits: one floating 2-D tensor, checked."""
+        logits = frame.tensors.get(LOGITS)
+        dtype = logits.dtype if logits is not None and logits.dtype.is_floating_point else None
+        spec = FrameSpec(
+            kind=FrameKind.EVAL_OUTPUTS,
+            tensors={LOGITS: TensorSpec((None, None), dtype or torch.float32)},
+        )
+        conforms(frame, spec)
+        check_logits(frame, frame.tensors[LOGITS], samples, limits)
+        return frame.tensors[LOGITS]
+
 
 class VanillaClient(ClientRole):
     """Runs the front on local images, sends activations and labels, applies the gradients.
@@ -53,7 +122,7 @@ class VanillaClient(ClientRole):
         codec: wire codec for what this client sends.
     """
 
-    mode = Mode.VANILLA
+    mode = NAME
 
     def __init__(self, *, front: Party, boundary: tuple[BoundaryTensor, ...], codec: str = "none"):
         self.front = front
@@ -107,7 +176,7 @@ class VanillaServer(ServerRole):
             them only the frame's form, its batch and its finiteness are checked.
     """
 
-    mode = Mode.VANILLA
+    mode = NAME
 
     def __init__(
         self,

@@ -7,11 +7,13 @@ middle's output down, its gradient up, the gradient at the first cut down.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from medsplit.cutting import BoundaryTensor
+from medsplit.cutting import BoundaryTensor, SplitModel
 from medsplit.errors import ProtocolError
-from medsplit.modes import Mode
+from medsplit.modes.base import Side, SplitMode
 from medsplit.protocol.checks import (
     FrameLimits,
     batch_of,
@@ -35,11 +37,85 @@ from medsplit.protocol.roles import (
     as_leaves,
     backward_into,
     boundary_spec,
+    eval_mode,
     gradient_spec,
     gradients_of,
     refused_undone,
 )
 from medsplit.wire import Frame, FrameKind, FrameSpec
+
+NAME = "ushaped"
+
+
+class UShapedMode(SplitMode):
+    """Two cuts: the hospital holds the front and the head (with the labels and the
+    loss), the server the middle."""
+
+    name = NAME
+    title = "U-shaped"
+    summary = "the hospital also keeps the last layers and the labels (two cuts)"
+    cuts = 2
+    labels = Side.HOSPITAL
+
+    def client_segments(self) -> dict[str, int]:
+        return {"front": 0, "head": 2}
+
+    def client_role(
+        self,
+        parties: Mapping[str, Party],
+        split: SplitModel,
+        *,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+    ) -> UShapedClient:
+        return UShapedClient(
+            front=parties["front"],
+            head=parties["head"],
+            boundaries=(split.boundaries[0], split.boundaries[1]),
+            loss_fn=loss_fn,
+            codec=codec,
+        )
+
+    def server_role(
+        self,
+        party: Party,
+        split: SplitModel,
+        *,
+        job: str,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+        limits: FrameLimits | None = None,
+    ) -> UShapedServer:
+        return UShapedServer(
+            middle=party,
+            boundaries=(split.boundaries[0], split.boundaries[1]),
+            job=job,
+            codec=codec,
+            limits=limits,
+        )
+
+    def eval_logits(
+        self,
+        frame: Frame,
+        *,
+        parties: Mapping[str, Party],
+        split: SplitModel,
+        samples: int,
+        limits: FrameLimits,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """The middle's outputs at the second cut, checked, through the hospital's head
+        (eval mode, no gradients): the labels never left, so neither do the logits."""
+        spec = FrameSpec(kind=FrameKind.EVAL_OUTPUTS, tensors=boundary_spec(split.boundaries[1]))
+        conforms(frame, spec)
+        check_batch(frame, samples)
+        check_finite(frame)
+        head = parties["head"].module
+        inputs = {name: t.to(device) for name, t in frame.tensors.items()}
+        with eval_mode([head]), torch.no_grad():
+            logits = head(**inputs).cpu()
+        check_computed(frame, {"logits": logits})
+        return logits
 
 
 class UShapedClient(ClientRole):
@@ -53,7 +129,7 @@ class UShapedClient(ClientRole):
         codec: wire codec for what this client sends.
     """
 
-    mode = Mode.USHAPED
+    mode = NAME
 
     def __init__(
         self,
@@ -148,7 +224,7 @@ class UShapedServer(ServerRole):
             the frame's form, its batch and its finiteness are checked.
     """
 
-    mode = Mode.USHAPED
+    mode = NAME
 
     def __init__(
         self,

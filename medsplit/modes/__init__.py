@@ -1,0 +1,40 @@
+"""Split-learning modes: one interface (:class:`SplitMode`), one file per mode, a registry.
+
+Everything that depends on the mode (the segments each party holds, who holds the
+labels, the step roles, how validation crosses the cut, the number of cuts, the round
+plan) is asked of the job's mode through this interface; see ``docs/design.md#modes``.
+"""
+
+from medsplit.modes.base import (
+    SERVER_PARTY,
+    ModeDescription,
+    ModeOption,
+    SegmentRole,
+    Side,
+    SplitMode,
+    StartFrom,
+)
+from medsplit.modes.registry import (
+    DEFAULT_MODE,
+    MODES,
+    get_mode,
+    load_extra_modes,
+    mode_names,
+    register,
+)
+
+__all__ = [
+    "DEFAULT_MODE",
+    "MODES",
+    "SERVER_PARTY",
+    "ModeDescription",
+    "ModeOption",
+    "SegmentRole",
+    "Side",
+    "SplitMode",
+    "StartFrom",
+    "get_mode",
+    "load_extra_modes",
+    "mode_names",
+    "register",
+]

@@ -1,0 +1,276 @@
+"""The interface every split-learning mode implements: one class, a few documented hooks.
+
+Modelled on Flower's ``Strategy``: the callers (the in-process job, the two sides of a
+turn, the CLI, the coordinator's validation and API) hold a :class:`SplitMode` and call
+its hooks; none of them branches on which mode it is. A mode is one file under
+``medsplit/modes/`` holding its class and its step roles, registered in
+:mod:`medsplit.modes.registry`.
+
+Hooks in use today: :meth:`SplitMode.client_segments`, :meth:`SplitMode.default_cuts`,
+:meth:`SplitMode.check_cuts`, :meth:`SplitMode.client_role`,
+:meth:`SplitMode.server_role`, :meth:`SplitMode.eval_logits`, :meth:`SplitMode.options`
+and :meth:`SplitMode.describe`. Reserved for parallel rounds (SplitFed) and several
+fronts (vertical), with round-robin defaults: :meth:`SplitMode.plan_round`,
+:meth:`SplitMode.start_from` and :meth:`SplitMode.combine`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
+
+import torch
+
+from medsplit.cutting import SplitModel
+from medsplit.errors import ConfigError, RoundPlanError
+from medsplit.models import ModelSpec
+from medsplit.protocol.checks import FrameLimits
+from medsplit.protocol.party import Party
+from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
+from medsplit.wire import Frame
+
+#: The name of the server's party, wherever parties are listed by name.
+SERVER_PARTY = "server"
+
+P = TypeVar("P")
+
+
+class Side(StrEnum):
+    """A side of the split: who holds the labels and computes the loss, say."""
+
+    SERVER = "server"
+    HOSPITAL = "hospital"
+
+
+class StartFrom(StrEnum):
+    """Where a turn's client state comes from."""
+
+    PREVIOUS = "previous"  # the hand-off of the hospital that took the turn before
+    INITIAL = "initial"  # the job's initial weights (the halves of the seeded model)
+    AGGREGATE = "aggregate"  # what :meth:`SplitMode.combine` made of the last group
+
+
+@dataclass(frozen=True)
+class ModeOption:
+    """One setting a mode takes beyond the job's common ones.
+
+    Attributes:
+        name: the option's key in a job's configuration (``[a-z][a-z0-9_]*``).
+        type: ``int``, ``float``, ``str`` or ``bool``.
+        default: the value a job gets when it does not say; of ``type``.
+        help: one line for the people filling in a job.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    def __post_init__(self) -> None:
+        if self.type not in (int, float, str, bool):
+            raise ConfigError(
+                f"option {self.name!r}: type must be int, float, str or bool, got {self.type!r}"
+            )
+        # bool is an int; a bool default of an int option is a mistake all the same.
+        wrong = isinstance(self.default, bool) != (self.type is bool)
+        if wrong or not isinstance(self.default, self.type):
+            raise ConfigError(
+                f"option {self.name!r}: default {self.default!r} is not a {self.type.__name__}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type.__name__,
+            "default": self.default,
+            "help": self.help,
+        }
+
+
+@dataclass(frozen=True)
+class SegmentRole:
+    """Who runs one segment of the cut model: its index, its party's name and its side."""
+
+    index: int
+    party: str
+    side: Side
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "party": self.party, "side": self.side.value}
+
+
+@dataclass(frozen=True)
+class ModeDescription:
+    """What a mode is, for people and for the forms and checks built from it
+    (``GET /api/modes/``, the CLI's ``--mode``)."""
+
+    name: str
+    title: str
+    summary: str
+    cuts: int
+    labels: Side
+    segments: tuple[SegmentRole, ...]
+    options: tuple[ModeOption, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "summary": self.summary,
+            "cuts": self.cuts,
+            "labels": self.labels.value,
+            "segments": [s.to_json() for s in self.segments],
+            "options": [o.to_json() for o in self.options],
+        }
+
+
+class SplitMode(ABC):
+    """One way of splitting a network between hospitals and the server.
+
+    A subclass sets the class attributes and implements the abstract hooks; the others
+    have defaults that suit a round-robin mode with one server segment.
+
+    Attributes:
+        name: the mode's name on the wire, in the database and in the API
+            (:data:`medsplit.wire.frame.MODE_NAME_RE`).
+        title: a short name for people.
+        summary: one line saying who holds what.
+        cuts: how many cuts the network gets (one more segment than that).
+        labels: which side holds the labels and computes the loss.
+        server_segment: the index of the segment the server trains.
+        feature_sets: whether participants hold different features of the same
+            patients, each naming its feature set (vertical split learning).
+    """
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    summary: ClassVar[str]
+    cuts: ClassVar[int]
+    labels: ClassVar[Side]
+    server_segment: ClassVar[int] = 1
+    feature_sets: ClassVar[bool] = False
+
+    # -- parties and segments ------------------------------------------------------------
+
+    @abstractmethod
+    def client_segments(self) -> dict[str, int]:
+        """The segments a hospital holds, by party name (what it hands on after a turn)."""
+
+    def segments(self) -> tuple[SegmentRole, ...]:
+        """Every segment with who runs it, in forward order."""
+        roles = [SegmentRole(i, n, Side.HOSPITAL) for n, i in self.client_segments().items()]
+        roles.append(SegmentRole(self.server_segment, SERVER_PARTY, Side.SERVER))
+        return tuple(sorted(roles, key=lambda r: r.index))
+
+    def default_cuts(self, spec: ModelSpec) -> tuple[str, ...]:
+        """Where ``spec``'s model is cut in this mode when a job does not say."""
+        return spec.default_cuts(self.cuts)
+
+    def check_cuts(self, cuts: str | Sequence[str]) -> tuple[str, ...]:
+        """``cuts`` as a tuple, once their number suits the mode (a single name is one cut).
+
+        Raises:
+            ConfigError: the wrong number of cuts, naming how many the mode needs.
+        """
+        cuts = (cuts,) if isinstance(cuts, str) else tuple(cuts)
+        if len(cuts) != self.cuts:
+            raise ConfigError(self.cut_count_problem(cuts))
+        return cuts
+
+    def cut_count_problem(self, cuts: Sequence[str]) -> str:
+        """Why ``cuts`` are the wrong number for this mode, in words."""
+        return f"{self.name} mode needs {self.cuts} cut(s), got {len(cuts)}: {list(cuts)}"
+
+    # -- the step ------------------------------------------------------------------------
+
+    @abstractmethod
+    def client_role(
+        self,
+        parties: Mapping[str, Party],
+        split: SplitModel,
+        *,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+    ) -> ClientRole:
+        """The hospital's step role over its parties (those of :meth:`client_segments`)."""
+
+    @abstractmethod
+    def server_role(
+        self,
+        party: Party,
+        split: SplitModel,
+        *,
+        job: str,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+        limits: FrameLimits | None = None,
+    ) -> ServerRole:
+        """The server's step role over its party; ``limits`` bound what frames may hold."""
+
+    @abstractmethod
+    def eval_logits(
+        self,
+        frame: Frame,
+        *,
+        parties: Mapping[str, Party],
+        split: SplitModel,
+        samples: int,
+        limits: FrameLimits,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """How validation crosses the cut back: the logits of one validation batch of
+        ``samples`` from the server's ``eval_outputs`` frame, checked (raising
+        :class:`~medsplit.protocol.checks.FrameRejected`) before anything runs on it.
+        ``device`` is where the hospital's parties are."""
+
+    # -- the round (reserved: the scheduler runs round-robin today) -----------------------
+
+    def plan_round(self, participants: Sequence[P]) -> list[tuple[P, ...]]:
+        """The round's groups, in order: the turns of one group run at the same time, a
+        group starts once the one before it ended. Default: one hospital per group, in
+        the participants' order (round-robin)."""
+        return [(p,) for p in participants]
+
+    def start_from(self, round_index: int, group_index: int) -> StartFrom:
+        """Where the turns of a group start. Default (round-robin): the job's initial
+        weights for the very first turn, the previous hospital's hand-off after that."""
+        if round_index == 0 and group_index == 0:
+            return StartFrom.INITIAL
+        return StartFrom.PREVIOUS
+
+    def combine(self, states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The state the next group starts from, made of the states a group ended with
+        (each a state dict of the client parties). Round-robin never combines.
+
+        Raises:
+            RoundPlanError: by default: a group of one hands its state on as it is.
+        """
+        raise RoundPlanError(
+            f"{self.name} mode hands each hospital's state to the next one and never "
+            f"combines states (asked to combine {len(states)}); a mode whose plan_round "
+            "puts several hospitals in one group overrides combine()"
+        )
+
+    # -- what it is --------------------------------------------------------------------
+
+    def options(self) -> tuple[ModeOption, ...]:
+        """The settings this mode takes beyond the job's common ones (none by default)."""
+        return ()
+
+    def describe(self) -> ModeDescription:
+        """The mode as the API, the dashboard and the CLI show it."""
+        return ModeDescription(
+            name=self.name,
+            title=self.title,
+            summary=self.summary,
+            cuts=self.cuts,
+            labels=self.labels,
+            segments=self.segments(),
+            options=self.options(),
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
