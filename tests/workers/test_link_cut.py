@@ -32,8 +32,8 @@ from kernel.actors import Actor
 from tests.workers import netns
 from tests.workers.agents import (
     Agents,
-    Relay,
     ConsortiumCA,
+    Relay,
     TlsProxy,
     assert_every_handoff_recorded,
     assert_exact,
