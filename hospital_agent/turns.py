@@ -44,7 +44,8 @@ from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
-from medsplit.errors import ChannelError, SealError
+from medsplit.errors import ChannelError, SealError, UnknownModeError
+from medsplit.modes import require_mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.keys import SignedRecipientKey
@@ -57,6 +58,9 @@ from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
 logger = logging.getLogger(__name__)
+
+#: Where this agent's configuration adds modes, for the message of an unknown one.
+EXTRA_MODES_SETTING = "the agent's extra_modes (MEDSPLIT_AGENT_EXTRA_MODES)"
 
 #: The states of a job that has ended: its recipient key is no longer needed.
 ENDED = frozenset({"completed", "failed", "cancelled"})
@@ -182,6 +186,13 @@ class TurnTaker:
     def take(self, assignment: Assignment) -> ClientOutcome | None:
         """Take the running turn of ``assignment``; ``None`` if it could not start."""
         turn = assignment.raw["turn"]
+        try:
+            # Before anything is built: only a mode this agent was configured with runs.
+            require_mode(assignment.raw["mode"], setting=EXTRA_MODES_SETTING)
+        except UnknownModeError as e:
+            logger.error("job %s: %s", assignment.job, e)
+            self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
+            return None
         job, model, config = assignment.job, assignment.model(), assignment.config()
         try:
             data = self.data_for(model)

@@ -21,6 +21,7 @@ from kernel.actors import Actor
 from kernel.errors import Conflict
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import MedSplitError
+from medsplit.modes import require_mode
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties
 from medsplit.training.config import TrainingConfig
@@ -58,6 +59,9 @@ from workers.relay_watch import guard as relay_guard
 from workers.relay_watch import limits_of_job
 
 logger = logging.getLogger(__name__)
+
+#: Where the workers' configuration adds modes, for the message of an unknown one.
+EXTRA_MODES_SETTING = 'MEDSPLIT["EXTRA_MODES"] (MEDSPLIT_EXTRA_MODES)'
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,8 @@ def run(turn_id: int, *, runner: str) -> RunResult:
     channel: RedisChannel | None = None
     hooks: RunnerHooks | None = None
     try:
+        # Only a mode this worker was configured with runs (MEDSPLIT["EXTRA_MODES"]).
+        require_mode(job.mode, setting=EXTRA_MODES_SETTING)
         config = job.training_config()
         split = cached_split(job_model(job), config.cuts)
         ids = TurnIds(config.job, claim.round_index, turn.position, config.mode, config.codec)
