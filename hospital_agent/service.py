@@ -154,8 +154,11 @@ class Agent:
     def _handle(self, taker: TurnTaker, assignment: Assignment) -> None:
         raw = assignment.raw
         try:
-            source = raw.get("handoff_from") or {}
-            if source.get("hospital") == taker.me:
+            sources = [
+                raw.get("handoff_from") or {},
+                *(raw.get("start_from") or {}).get("sources", []),
+            ]
+            if any(source.get("hospital") == taker.me for source in sources):
                 # This hospital's blobs are the ones the next turn (or, once the job has
                 # completed, every participant) starts from: a relay that restarted and
                 # lost them gets them back.
