@@ -197,5 +197,8 @@ def test_a_mode_from_the_configuration_runs_a_parallel_job_end_to_end(
         for name, value in means.items():
             assert torch.equal(mean([f[name] for f in finals]), value), name
     finally:
+        # The agents poll the live server until stopped: stop them while it knows the mode.
+        for name in list(processes.started):
+            processes.stop(name)
         MODES.clear()
         MODES.update(saved)

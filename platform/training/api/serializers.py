@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from kernel.actors import Actor
 from kernel.permissions import sees_participant_in_full
+from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.plan import turn_start
@@ -375,7 +376,12 @@ class AssignmentSerializer(serializers.ModelSerializer):
     def get_start_from(self, job: Job) -> dict | None:
         if not job.my_turns:
             return None
-        start = turn_start(turn=job.my_turns[-1], completed=job.completed_turns)
+        try:
+            start = turn_start(turn=job.my_turns[-1], completed=job.completed_turns)
+        except UnknownModeError:
+            # Taken out of MEDSPLIT["EXTRA_MODES"] since: its turns fail at the worker,
+            # saying so; the agent's other assignments must still be served.
+            return None
         return {"kind": start.kind.value, "sources": [self._source(job, t) for t in start.sources]}
 
     def _source(self, job: Job, turn: Turn) -> dict:
