@@ -12,8 +12,10 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from kernel.actors import Actor
+from medsplit.errors import UnknownModeError
 from training.models import Job, Turn
-from training.services import group_start_next, job_start
+from training.services import group_start_next, job_start, job_transition
 from training.states import JobState
 
 
@@ -28,12 +30,29 @@ def job_advance_group(*, job_id: int) -> list[Turn]:
     job = Job.objects.filter(pk=job_id).first()
     if job is None:
         return []
-    if job.state == JobState.SCHEDULED:
-        job = job_start(job=job)
-    if job.state != JobState.RUNNING:
+    try:
+        if job.state == JobState.SCHEDULED:
+            job = job_start(job=job)
+        if job.state != JobState.RUNNING:
+            return []
+        running = group_start_next(job=job)
+    except UnknownModeError as e:
+        _fail_for_its_mode(job, e)
         return []
     now = timezone.now()
-    return [turn for turn in group_start_next(job=job) if not _held(turn, now)]
+    return [turn for turn in running if not _held(turn, now)]
+
+
+def _fail_for_its_mode(job: Job, error: UnknownModeError) -> None:
+    """A job whose mode left the coordinator's configuration since it was created cannot
+    be planned: it fails saying why, rather than being retried by every sweep."""
+    job.refresh_from_db()
+    if job.state == JobState.SCHEDULED:  # no round was made: start it bare, to fail it
+        job = job_transition(
+            job=job, to=JobState.RUNNING, actor=Actor.system(), reason="started by the scheduler"
+        )
+    if job.state == JobState.RUNNING:
+        job_transition(job=job, to=JobState.FAILED, actor=Actor.system(), reason=str(error))
 
 
 def job_advance(*, job_id: int) -> Turn | None:

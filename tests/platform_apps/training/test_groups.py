@@ -174,3 +174,17 @@ def test_each_turn_of_a_group_keeps_its_own_server_checkpoints_until_they_are_us
     runs.turn_complete(turn=d, metrics={})
     # e and f have yet to start from the combination of round 0's ends.
     assert places(job) == {(0, 0, 1), (0, 1, 1), (0, 2, 1), (1, 0, 0)}
+
+
+def test_a_job_whose_mode_left_the_coordinators_configuration_fails_saying_so(
+    make_job, monkeypatch
+) -> None:
+    monkeypatch.setitem(MODES, TOY.name, TOY)
+    job = make_job(state="scheduled", mode="toy")
+    monkeypatch.delitem(MODES, TOY.name)  # MEDSPLIT["EXTRA_MODES"] no longer names it
+    assert job_advance_group(job_id=job.pk) == []
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert "unknown mode 'toy'" in job.state_reason
+    assert 'MEDSPLIT["EXTRA_MODES"] (MEDSPLIT_EXTRA_MODES)' in job.state_reason
+    assert not Turn.objects.filter(job=job).exists()
