@@ -467,6 +467,7 @@ class TurnTaker:
             expected_sha256=source["ciphertext_sha256"],
             wait=max(0.0, deadline - time.monotonic()),
             stopping=self.stopping,
+            topic=self._topic(assignment, source["round"]),
         )
 
     def _combined(
@@ -525,6 +526,7 @@ class TurnTaker:
             expected_sha256=source["ciphertext_sha256"],
             wait=max(0.0, deadline - time.monotonic()),
             stopping=self.stopping,
+            topic=self._topic(assignment, source["round"]),
         )
 
     def hand_on(self, assignment: Assignment, turn: dict[str, Any], state: bytes) -> None:
@@ -593,6 +595,7 @@ class TurnTaker:
             context=SealContext(
                 job=assignment.job_name, round=turn["round"], sender=self.me, recipient=recipient
             ),
+            topic=self._topic(assignment, turn["round"]),
         )
         self.coordinator.record_handoff(
             job=assignment.job,
@@ -601,6 +604,12 @@ class TurnTaker:
             ciphertext_sha256=digest,
             size_bytes=size,
         )
+
+    def _topic(self, assignment: Assignment, round_index: int) -> str:
+        """The relay slot of the hand-offs of ``round_index`` (see
+        :meth:`~medsplit.modes.SplitMode.handoff_topic`)."""
+        mode = assignment.config().split_mode
+        return mode.handoff_topic(round_index, len(assignment.raw["participants"]))
 
     def _fresh(self, assignment: Assignment) -> Assignment | None:
         """The assignment of the same job as the coordinator gives it now."""

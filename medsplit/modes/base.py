@@ -289,6 +289,20 @@ class SplitMode(ABC):
             party.module.load_state_dict(own)
         return export_parties(parties)
 
+    def handoff_topic(self, round_index: int, participants: int) -> str:
+        """The relay topic of a hand-off sealed after a turn of round ``round_index``.
+
+        Round-robin keeps one slot per sender and recipient (``handoff``): a hospital
+        hands on again only after every later turn read what it left. Where the plan puts
+        several hospitals in one group, a sibling may end its next turn before this
+        hospital read the sibling's last hand-off, so odd rounds use a second slot
+        (``handoff-odd``); a round's blobs are overwritten two rounds on, once all read.
+        """
+        groups = self.plan_round(list(range(participants)))
+        if all(len(group) == 1 for group in groups) or round_index % 2 == 0:
+            return "handoff"
+        return "handoff-odd"
+
     # -- what it is --------------------------------------------------------------------
 
     def options(self) -> tuple[ModeOption, ...]:

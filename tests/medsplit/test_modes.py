@@ -444,3 +444,13 @@ def test_the_cli_loads_its_extra_modes_from_the_environment(
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--help"])
     assert "toy" in capsys.readouterr().out and isinstance(get_mode("toy"), ToyMode)
+
+
+def test_a_plan_with_parallel_groups_alternates_two_hand_off_slots() -> None:
+    """Round-robin keeps one relay slot per sender and recipient; a plan running several
+    hospitals at once alternates two, so a sibling's next hand-off never overwrites the
+    one still to be read."""
+    vanilla = get_mode("vanilla")
+    assert {vanilla.handoff_topic(r, 3) for r in range(4)} == {"handoff"}
+    assert [TOY.handoff_topic(r, 2) for r in range(4)] == ["handoff", "handoff-odd"] * 2
+    assert TOY.handoff_topic(1, 1) == "handoff", "a group of one is round-robin"
