@@ -157,6 +157,9 @@ KEYS: tuple[Key, ...] = (
     Key("deterministic", bool, True,
         "deterministic kernels only, as the workers use, so that a job equals unsplit "
         "training bit for bit on cuda too (sets CUBLAS_WORKSPACE_CONFIG)"),
+    Key("extra_modes", str, None,
+        "split-learning modes this agent runs beyond the built-in ones, "
+        "package.module:ClassName separated by commas", metavar="MODULE:CLASS,..."),
     Key("data.kind", str, None, "where the images come from", choices=KINDS, required=True),
     Key("data.path", str, None, "medmnist: the .npz archive; folder: the folder of images",
         metavar="PATH"),
@@ -198,6 +201,7 @@ class AgentConfig:
     poll_seconds: float = _default("poll_seconds")
     reply_timeout: float = _default("reply_timeout")
     deterministic: bool = _default("deterministic")
+    extra_modes: str | None = _default("extra_modes")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

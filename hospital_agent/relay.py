@@ -67,10 +67,11 @@ class Relay:
         recipient_key: SignedRecipientKey,
         recipient_identity: MLDSA65PublicKey,
         context: SealContext,
+        topic: str = "handoff",
     ) -> tuple[str, int]:
         """Seal ``state`` for ``recipient`` (to its published per-job key, which must be
         signed by its pinned ``recipient_identity``) and leave it on the relay, under
-        ``keys``' mail key for ``job`` (the job's name, ``job-N``).
+        ``keys``' mail key for ``job`` (the job's name, ``job-N``) about ``topic``.
 
         Returns:
             The SHA-256 and size of the blob (what the coordinator records).
@@ -87,7 +88,7 @@ class Relay:
         )
         me = self.credentials.hospital
         left = Left(
-            key=keys.mail(job, sender=me, recipient=recipient),
+            key=keys.mail(job, sender=me, recipient=recipient, topic=topic),
             blob=blob,
             counter=counter_of(keys.streams(job, me).up),
         )
@@ -157,6 +158,7 @@ class Relay:
         expected_sha256: str | None,
         wait: float,
         stopping: threading.Event,
+        topic: str = "handoff",
     ) -> bytes:
         """Fetch the blob ``sender`` sealed for this hospital and open it with this
         agent's per-job ``key``, checking it is signed by ``sender``'s pinned identity;
@@ -168,7 +170,7 @@ class Relay:
             SealError: it is not what was sealed for this place (tampered, replayed, not
                 signed by ``sender_identity``).
         """
-        name = keys.mail(job, sender=sender, recipient=self.credentials.hospital)
+        name = keys.mail(job, sender=sender, recipient=self.credentials.hospital, topic=topic)
         client = self._client()
         try:
             blob = None

@@ -31,6 +31,7 @@ from hospital_agent.relay import HandoffMissing
 from hospital_agent.turns import ENDED, Assignment, TurnTaker
 from hospital_agent.witness import Mismatch, Witness
 from medsplit.errors import ConfigError, MedSplitError
+from medsplit.modes import load_extra_modes, mode_paths
 from medsplit.protocol.keys import fingerprint, format_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class Agent:
     def _run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         use_deterministic_kernels(self.config.deterministic)
+        # This agent's own configuration is the only place new mode code comes from.
+        load_extra_modes(mode_paths(self.config.extra_modes))
         identity = load_or_create_identity(self.config.work_dir)
         credentials = load_credentials(self.config.work_dir) or enrol(
             self.config, identity, stopping=self.stopping
@@ -151,8 +154,11 @@ class Agent:
     def _handle(self, taker: TurnTaker, assignment: Assignment) -> None:
         raw = assignment.raw
         try:
-            source = raw.get("handoff_from") or {}
-            if source.get("hospital") == taker.me:
+            sources = [
+                raw.get("handoff_from") or {},
+                *(raw.get("start_from") or {}).get("sources", []),
+            ]
+            if any(source.get("hospital") == taker.me for source in sources):
                 # This hospital's blobs are the ones the next turn (or, once the job has
                 # completed, every participant) starts from: a relay that restarted and
                 # lost them gets them back.

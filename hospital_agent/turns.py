@@ -44,7 +44,8 @@ from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
-from medsplit.errors import ChannelError, SealError
+from medsplit.errors import ChannelError, SealError, UnknownModeError
+from medsplit.modes import StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.keys import SignedRecipientKey
@@ -57,6 +58,9 @@ from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
 logger = logging.getLogger(__name__)
+
+#: Where this agent's configuration adds modes, for the message of an unknown one.
+EXTRA_MODES_SETTING = "the agent's extra_modes (MEDSPLIT_AGENT_EXTRA_MODES)"
 
 #: The states of a job that has ended: its recipient key is no longer needed.
 ENDED = frozenset({"completed", "failed", "cancelled"})
@@ -182,6 +186,13 @@ class TurnTaker:
     def take(self, assignment: Assignment) -> ClientOutcome | None:
         """Take the running turn of ``assignment``; ``None`` if it could not start."""
         turn = assignment.raw["turn"]
+        try:
+            # Before anything is built: only a mode this agent was configured with runs.
+            require_mode(assignment.raw["mode"], setting=EXTRA_MODES_SETTING)
+        except UnknownModeError as e:
+            logger.error("job %s: %s", assignment.job, e)
+            self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
+            return None
         job, model, config = assignment.job, assignment.model(), assignment.config()
         try:
             data = self.data_for(model)
@@ -398,14 +409,25 @@ class TurnTaker:
         split: SplitModel | None,
         *,
         wait: float,
+        final: bool = False,
     ) -> bytes | None:
-        """The training state the next turn starts from (see the module docstring).
+        """The training state the next turn starts from (see the module docstring), as
+        the assignment's ``start_from`` says: the previous hospital's hand-off, the job's
+        seed, or the job mode's combination of the last group's hand-offs; with
+        ``final``, the last completed turn's (the job's result).
 
         Raises:
             SealError: the blob is not what was sealed for this place, or this agent holds
                 no key for the job any more.
             PeerKeyRefused: the sender's identity does not fit its pin.
         """
+        start = None if final else assignment.raw.get("start_from")
+        if start is not None and start["kind"] != StartFrom.PREVIOUS:
+            # The job's mode plans otherwise than a chain of hand-offs.
+            split = split or assignment.model().split(config)
+            if start["kind"] == StartFrom.AGGREGATE and start["sources"]:
+                return self._combined(assignment, config, split, start["sources"], wait=wait)
+            return export_parties(client_parties(split, config))
         source = assignment.raw["handoff_from"]
         if source is None:
             split = split or assignment.model().split(config)
@@ -445,6 +467,66 @@ class TurnTaker:
             expected_sha256=source["ciphertext_sha256"],
             wait=max(0.0, deadline - time.monotonic()),
             stopping=self.stopping,
+            topic=self._topic(assignment, source["round"]),
+        )
+
+    def _combined(
+        self,
+        assignment: Assignment,
+        config: TrainingConfig,
+        split: SplitModel,
+        sources: list[dict[str, Any]],
+        *,
+        wait: float,
+    ) -> bytes | None:
+        """The combination of the states the last group's hospitals handed on: this
+        hospital's own from its work directory, each other's opened from its seal."""
+        deadline = time.monotonic() + wait
+        blobs = []
+        for source in sources:
+            if source["hospital"] == self.me:
+                blobs.append((self.jobs_dir(assignment.job) / "state.safetensors").read_bytes())
+                continue
+            while source["ciphertext_sha256"] is None:  # the sender is still sealing
+                if time.monotonic() > deadline or self.stopping.wait(1.0):
+                    logger.error(
+                        "job %s: no hand-off from %s arrived", assignment.job, source["hospital"]
+                    )
+                    return None
+                fresh = self._fresh(assignment)
+                now = (fresh.raw.get("start_from") or {}).get("sources", []) if fresh else []
+                match = [s for s in now if s["turn"] == source["turn"]]
+                if not match:
+                    return None
+                source = match[0]
+            blobs.append(self._open(assignment, source, deadline))
+        return config.split_mode.combine_exported(blobs, lambda: client_parties(split, config))
+
+    def _open(self, assignment: Assignment, source: dict[str, Any], deadline: float) -> bytes:
+        """The state ``source``'s hospital sealed for this one (see :meth:`start_state`)."""
+        key = self.job_keys.load(assignment.job)
+        if key is None:
+            raise SealError(
+                f"this agent holds no per-job key for job {assignment.job} (deleted once the "
+                "job ended, or this work directory is not the one that published it): the "
+                f"weights {source['hospital']} sealed for this hospital cannot be opened"
+            )
+        return self.relay.take_handoff(
+            keys=assignment.relay_keys,
+            job=assignment.job_name,
+            key=key,
+            sender=source["hospital"],
+            sender_identity=self._peer_identity(assignment, source["hospital"]),
+            context=SealContext(
+                job=assignment.job_name,
+                round=source["round"],
+                sender=source["hospital"],
+                recipient=self.me,
+            ),
+            expected_sha256=source["ciphertext_sha256"],
+            wait=max(0.0, deadline - time.monotonic()),
+            stopping=self.stopping,
+            topic=self._topic(assignment, source["round"]),
         )
 
     def hand_on(self, assignment: Assignment, turn: dict[str, Any], state: bytes) -> None:
@@ -513,6 +595,7 @@ class TurnTaker:
             context=SealContext(
                 job=assignment.job_name, round=turn["round"], sender=self.me, recipient=recipient
             ),
+            topic=self._topic(assignment, turn["round"]),
         )
         self.coordinator.record_handoff(
             job=assignment.job,
@@ -521,6 +604,12 @@ class TurnTaker:
             ciphertext_sha256=digest,
             size_bytes=size,
         )
+
+    def _topic(self, assignment: Assignment, round_index: int) -> str:
+        """The relay slot of the hand-offs of ``round_index`` (see
+        :meth:`~medsplit.modes.SplitMode.handoff_topic`)."""
+        mode = assignment.config().split_mode
+        return mode.handoff_topic(round_index, len(assignment.raw["participants"]))
 
     def _fresh(self, assignment: Assignment) -> Assignment | None:
         """The assignment of the same job as the coordinator gives it now."""
@@ -535,7 +624,7 @@ class TurnTaker:
         if path.exists():
             return path
         config = assignment.config()
-        state = self.start_state(assignment, config, None, wait=0.0)
+        state = self.start_state(assignment, config, None, wait=0.0, final=True)
         if state is None:
             return None
         write_private(path, state)

@@ -16,7 +16,7 @@ from medsplit.cutting import CutInfo, cut_table
 from medsplit.data import synthetic_split
 from medsplit.errors import MedSplitError
 from medsplit.models import build_model, get_model_spec, model_names
-from medsplit.modes import DEFAULT_MODE, get_mode, mode_names
+from medsplit.modes import DEFAULT_MODE, get_mode, load_extra_modes, mode_names, mode_paths
 from medsplit.protocol.optim import OPTIMIZERS, OptimizerConfig
 from medsplit.training.config import TrainingConfig
 from medsplit.training.simulate import SimulationData, SimulationSetup, simulate
@@ -24,9 +24,18 @@ from medsplit.training.split_job import RoundReport
 from medsplit.training.verify import verify_split
 from medsplit.wire.codecs import CODECS
 
+#: Extra modes the CLI registers, "package.module:ClassName" separated by commas.
+EXTRA_MODES_ENV = "MEDSPLIT_EXTRA_MODES"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``medsplit`` console script."""
+    try:
+        # Before the parser: its --mode choices are the registered modes.
+        load_extra_modes(mode_paths(os.environ.get(EXTRA_MODES_ENV)))
+    except MedSplitError as e:
+        print(f"medsplit: error: {EXTRA_MODES_ENV}: {e}", file=sys.stderr)
+        return 2
     parser = _parser()
     args = parser.parse_args(argv)
     try:

@@ -11,7 +11,12 @@ import uuid
 import redis
 
 from hospitals.errors import RelayProvisioningFailed
-from training.scheduling import job_advance, jobs_to_advance, turn_dispatched, turns_without_runner
+from training.scheduling import (
+    job_advance_group,
+    jobs_to_advance,
+    turn_dispatched,
+    turns_without_runner,
+)
 from workers import relay_watch, turn_runner
 from workers.celery_app import app
 
@@ -20,9 +25,9 @@ logger = logging.getLogger(__name__)
 
 @app.task(name="medsplit.advance_job")
 def advance_job(job_id: int) -> None:
-    """Start a scheduled job or move a running one on; send its turn to a worker."""
-    turn = job_advance(job_id=job_id)
-    if turn is not None:
+    """Start a scheduled job or move a running one on; send each turn of its current
+    group to a worker (the turns of one group run at the same time)."""
+    for turn in job_advance_group(job_id=job_id):
         _send_turn(turn.pk)
 
 

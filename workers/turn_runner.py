@@ -21,8 +21,10 @@ from kernel.actors import Actor
 from kernel.errors import Conflict
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import MedSplitError
+from medsplit.modes import StartFrom, get_mode, require_mode
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties
+from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, server_party
@@ -34,9 +36,16 @@ from medsplit.turns import (
     TurnProgress,
     TurnServer,
 )
-from medsplit.turns.checkpoints import BASE, CheckpointStore, read_verified, write_atomic
+from medsplit.turns.checkpoints import (
+    BASE,
+    CheckpointError,
+    CheckpointStore,
+    read_verified,
+    write_atomic,
+)
 from medsplit.turns.server import SERVER_PARTY
 from training.models import Job, Turn
+from training.plan import turn_start
 from training.runs import (
     checkpoint_dir,
     checkpoint_path,
@@ -58,6 +67,9 @@ from workers.relay_watch import guard as relay_guard
 from workers.relay_watch import limits_of_job
 
 logger = logging.getLogger(__name__)
+
+#: Where the workers' configuration adds modes, for the message of an unknown one.
+EXTRA_MODES_SETTING = 'MEDSPLIT["EXTRA_MODES"] (MEDSPLIT_EXTRA_MODES)'
 
 
 @dataclass(frozen=True)
@@ -122,13 +134,15 @@ def run(turn_id: int, *, runner: str) -> RunResult:
     channel: RedisChannel | None = None
     hooks: RunnerHooks | None = None
     try:
+        # Only a mode this worker was configured with runs (MEDSPLIT["EXTRA_MODES"]).
+        require_mode(job.mode, setting=EXTRA_MODES_SETTING)
         config = job.training_config()
         split = cached_split(job_model(job), config.cuts)
         ids = TurnIds(config.job, claim.round_index, turn.position, config.mode, config.codec)
         store = DatabaseCheckpointStore(
             turn=turn,
             round_index=claim.round_index,
-            initial=lambda: export_parties({SERVER_PARTY: server_party(split, config)}),
+            fresh=lambda: {SERVER_PARTY: server_party(split, config)},
         )
         # The server updates this object in place; the meter reads the bytes off it.
         progress = TurnProgress(bytes_up=turn.bytes_up, bytes_down=turn.bytes_down)
@@ -306,12 +320,20 @@ class RunnerHooks:
 
 class DatabaseCheckpointStore(CheckpointStore):
     """Checkpoints of one turn's place as files under ``MEDSPLIT["CHECKPOINT_DIR"]``, each
-    with its database row; ``-1`` is where the job's last completed turn left the server."""
+    with its database row; ``-1`` is where the turn's server segment starts, as the job's
+    mode says (:func:`training.plan.turn_start`): where the job's last completed turn left
+    the server (round-robin), the job's initial weights, or the combination of the last
+    group's turns' ends (each of those turns trained its own copy of the segment)."""
 
-    def __init__(self, *, turn: Turn, round_index: int, initial: Callable[[], bytes]) -> None:
+    def __init__(
+        self, *, turn: Turn, round_index: int, fresh: Callable[[], Mapping[str, Party]]
+    ) -> None:
         self.turn = turn
         self.round_index = round_index
-        self.initial = initial
+        self.fresh = fresh
+
+    def initial(self) -> bytes:
+        return export_parties(self.fresh())
 
     def _place(self):
         return checkpoints_of_place(
@@ -323,12 +345,35 @@ class DatabaseCheckpointStore(CheckpointStore):
 
     def load(self, step: int) -> bytes:
         if step == BASE:
-            job = Job.objects.select_related("server_checkpoint").get(pk=self.turn.job_id)
-            row = job.server_checkpoint
-            if row is None:
-                return self.initial()
+            return self._start()
         else:
             row = self._place().get(step=step)
+        return read_verified(checkpoint_dir() / row.path, row.sha256)
+
+    def _start(self) -> bytes:
+        start = turn_start(turn=self.turn)
+        if start.kind == StartFrom.INITIAL or not start.sources:
+            return self.initial()
+        if start.kind == StartFrom.AGGREGATE:
+            ends = [
+                checkpoints_of_place(
+                    job_id=self.turn.job_id, round_index=t.round.index, position=t.position
+                ).last()
+                for t in start.sources
+            ]
+            pairs = zip(start.sources, ends, strict=True)
+            missing = [t.hospital.slug for t, row in pairs if row is None]
+            if missing:
+                raise CheckpointError(
+                    f"the server checkpoints this turn starts from (the ends of the turns of "
+                    f"{', '.join(missing)}) are gone; the turn cannot start"
+                )
+            blobs = [read_verified(checkpoint_dir() / row.path, row.sha256) for row in ends]
+            return get_mode(self.turn.job.mode).combine_exported(blobs, self.fresh)
+        job = Job.objects.select_related("server_checkpoint").get(pk=self.turn.job_id)
+        row = job.server_checkpoint
+        if row is None:
+            return self.initial()
         return read_verified(checkpoint_dir() / row.path, row.sha256)
 
     def save(self, step: int, data: bytes) -> None:

@@ -66,7 +66,7 @@ SEQ = "seq"
 #: Stream pairs between a hospital and the workers, by what they carry.
 STREAM_TOPICS = ("train", "agg", "infer")
 #: Blobs from one hospital to another, by what they carry.
-MAIL_TOPICS = ("handoff", "psi", "mask-seed", "export")
+MAIL_TOPICS = ("handoff", "handoff-odd", "psi", "mask-seed", "export")
 
 #: Every fixed word of the layout; none may be a hospital's slug.
 RESERVED_WORDS = frozenset(

@@ -20,7 +20,9 @@ from medsplit.modes.registry import (
     get_mode,
     load_extra_modes,
     mode_names,
+    mode_paths,
     register,
+    require_mode,
 )
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "get_mode",
     "load_extra_modes",
     "mode_names",
+    "mode_paths",
     "register",
+    "require_mode",
 ]

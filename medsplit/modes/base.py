@@ -6,18 +6,20 @@ its hooks; none of them branches on which mode it is. A mode is one file under
 ``medsplit/modes/`` holding its class and its step roles, registered in
 :mod:`medsplit.modes.registry`.
 
-Hooks in use today: :meth:`SplitMode.client_segments`, :meth:`SplitMode.default_cuts`,
+Hooks in use: :meth:`SplitMode.client_segments`, :meth:`SplitMode.default_cuts`,
 :meth:`SplitMode.check_cuts`, :meth:`SplitMode.client_role`,
 :meth:`SplitMode.server_role`, :meth:`SplitMode.eval_logits`, :meth:`SplitMode.options`
-and :meth:`SplitMode.describe`. Reserved for parallel rounds (SplitFed) and several
-fronts (vertical), with round-robin defaults: :meth:`SplitMode.plan_round`,
-:meth:`SplitMode.start_from` and :meth:`SplitMode.combine`.
+and :meth:`SplitMode.describe`; and the round's, with round-robin defaults, which the
+coordinator's scheduler, the worker's turn runner and the agent call:
+:meth:`SplitMode.plan_round` (the groups of a round), :meth:`SplitMode.start_from`
+(where a group's turns start) and :meth:`SplitMode.combine` (through
+:meth:`SplitMode.combine_exported`, the state made of the last group's).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
@@ -28,6 +30,7 @@ from medsplit.cutting import SplitModel
 from medsplit.errors import ConfigError, RoundPlanError
 from medsplit.models import ModelSpec
 from medsplit.protocol.checks import FrameLimits
+from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
 from medsplit.wire import Frame
@@ -226,7 +229,7 @@ class SplitMode(ABC):
         :class:`~medsplit.protocol.checks.FrameRejected`) before anything runs on it.
         ``device`` is where the hospital's parties are."""
 
-    # -- the round (reserved: the scheduler runs round-robin today) -----------------------
+    # -- the round ---------------------------------------------------------------------
 
     def plan_round(self, participants: Sequence[P]) -> list[tuple[P, ...]]:
         """The round's groups, in order: the turns of one group run at the same time, a
@@ -253,6 +256,52 @@ class SplitMode(ABC):
             f"combines states (asked to combine {len(states)}); a mode whose plan_round "
             "puts several hospitals in one group overrides combine()"
         )
+
+    def combine_exported(
+        self, blobs: Sequence[bytes], fresh: Callable[[], Mapping[str, Party]]
+    ) -> bytes:
+        """The state a turn starts from when it starts from the combination of the last
+        group (:attr:`StartFrom.AGGREGATE`): each of ``blobs`` (exported parties: the
+        hospitals' hand-offs, or the server's checkpoints) loaded into ``fresh()``
+        parties, their weights, keyed ``"<party>.<name>"``, combined by :meth:`combine`
+        and set into fresh parties again, exported. Their optimizers start afresh: a
+        combined state begins a new optimisation, as in federated averaging.
+
+        Raises:
+            HandoffError: a blob is not an export of such parties.
+            RoundPlanError: this mode does not combine (see :meth:`combine`).
+        """
+        states = []
+        for blob in blobs:
+            parties = fresh()
+            import_parties(blob, parties)
+            states.append(
+                {
+                    f"{name}.{key}": value
+                    for name, party in parties.items()
+                    for key, value in party.module.state_dict().items()
+                }
+            )
+        combined = self.combine(states)
+        parties = fresh()
+        for name, party in parties.items():
+            own = {k[len(name) + 1 :]: v for k, v in combined.items() if k.startswith(f"{name}.")}
+            party.module.load_state_dict(own)
+        return export_parties(parties)
+
+    def handoff_topic(self, round_index: int, participants: int) -> str:
+        """The relay topic of a hand-off sealed after a turn of round ``round_index``.
+
+        Round-robin keeps one slot per sender and recipient (``handoff``): a hospital
+        hands on again only after every later turn read what it left. Where the plan puts
+        several hospitals in one group, a sibling may end its next turn before this
+        hospital read the sibling's last hand-off, so odd rounds use a second slot
+        (``handoff-odd``); a round's blobs are overwritten two rounds on, once all read.
+        """
+        groups = self.plan_round(list(range(participants)))
+        if all(len(group) == 1 for group in groups) or round_index % 2 == 0:
+            return "handoff"
+        return "handoff-odd"
 
     # -- what it is --------------------------------------------------------------------
 

@@ -61,6 +61,28 @@ def mode_names() -> list[str]:
     return list(MODES)
 
 
+def mode_paths(text: str | None) -> list[str]:
+    """The ``"module:Class"`` paths of a comma-separated setting (empty items left out)."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def require_mode(name: str, *, setting: str) -> SplitMode:
+    """The registered mode called ``name``, for a party about to run a job in it.
+
+    Raises:
+        UnknownModeError: no such mode here; the message names the mode, the known ones
+            and ``setting``, the party's own configuration that would add it (a party
+            runs only the code it was configured with).
+    """
+    try:
+        return get_mode(name)
+    except UnknownModeError as e:
+        raise UnknownModeError(
+            f"{e}. This party runs only the modes it was configured with: to run "
+            f'{name!r} jobs here, name its class in {setting} ("package.module:ClassName")'
+        ) from None
+
+
 def load_extra_modes(paths: Iterable[str]) -> list[SplitMode]:
     """Import and register the modes named by ``paths``, each ``"package.module:Name"``
     or ``"package.module.Name"``, naming a :class:`SplitMode` subclass (instantiated

@@ -293,6 +293,12 @@ MEDSPLIT = {
         else None
     ),
     "WORKER_METRICS_ADDRESS": os.environ.get("MEDSPLIT_WORKER_METRICS_ADDRESS", "0.0.0.0"),
+    # Split-learning modes beyond the built-in ones, "package.module:ClassName" separated
+    # by commas (medsplit.modes), loaded when the training app starts, in the coordinator
+    # and in every worker: a job in a mode not named here is refused.
+    "EXTRA_MODES": [
+        p.strip() for p in os.environ.get("MEDSPLIT_EXTRA_MODES", "").split(",") if p.strip()
+    ],
 }
 
 # Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task

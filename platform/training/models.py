@@ -152,7 +152,7 @@ class JobParticipant(models.Model):
 
 
 class Round(models.Model):
-    """Every participant taking one turn, in order."""
+    """Every participant taking one turn, group by group as the job's mode plans it."""
 
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -194,6 +194,10 @@ class Turn(models.Model):
         "hospitals.Hospital", on_delete=models.PROTECT, related_name="turns"
     )
     position = models.PositiveSmallIntegerField()
+    # Its group in the round's plan (the job mode's plan_round): the turns of one group
+    # run at the same time, a group starts once the one before it ended. Round-robin: one
+    # turn per group, group == position. A retry keeps its turn's group.
+    group = models.PositiveSmallIntegerField(default=0)
     attempt = models.PositiveSmallIntegerField(default=1)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -25,6 +25,7 @@ from audit.services import audit_record
 from kernel.actors import Actor
 from medsplit.turns import Directive
 from training.models import Job, ServerCheckpoint, Turn
+from training.plan import turn_start
 from training.services import turn_finish
 from training.states import JobState
 
@@ -219,8 +220,42 @@ def turn_complete(*, turn: Turn, metrics: dict[str, float], crossed: dict | None
             Job.objects.filter(pk=job.pk).update(server_checkpoint=latest)
         keep = latest.pk if latest is not None else job.server_checkpoint_id
         Turn.objects.filter(pk=turn.pk).update(runner="", lease_expires_at=None)
-        _delete_checkpoints(job.server_checkpoints.filter(~Q(pk=keep)))
+        stale = job.server_checkpoints.filter(~Q(pk=keep))
+        for round_index, position in _places_still_needed(finished):
+            stale = stale.exclude(round_index=round_index, position=position)
+        _delete_checkpoints(stale)
     return finished
+
+
+def _places_still_needed(finished: Turn) -> set[tuple[int, int]]:
+    """The (round, position) places whose server checkpoints outlive ``finished``'s
+    completion: turns of a parallel group still running, the ends of ``finished``'s own
+    group (the next group may start from their combination), and whatever the open turns
+    of the round start from. A round-robin turn needs none of them: its successor starts
+    from the job's server checkpoint alone."""
+    round_index = finished.round.index
+    turns = list(
+        Turn.objects.filter(job_id=finished.job_id, round__index__gte=round_index - 1)
+        .exclude(pk=finished.pk)
+        .select_related("round", "job")
+    )
+    places = {
+        (t.round.index, t.position)
+        for t in turns
+        if t.status == Turn.Status.RUNNING
+        or (
+            t.status == Turn.Status.COMPLETED
+            and (t.round.index, t.group) == (round_index, finished.group)
+        )
+    }
+    completed = [t for t in turns if t.status == Turn.Status.COMPLETED] + [finished]
+    for t in turns:
+        if t.status in (Turn.Status.PENDING, Turn.Status.RUNNING):
+            start = turn_start(turn=t, completed=completed)
+            places.update((s.round.index, s.position) for s in start.sources)
+    # Its own place keeps only its latest checkpoint (the job's), as in round-robin.
+    places.discard((round_index, finished.position))
+    return places
 
 
 def _delete_checkpoints(rows: QuerySet) -> None:

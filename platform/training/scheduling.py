@@ -1,4 +1,4 @@
-"""What the scheduler decides: which job to advance, which turn needs a worker.
+"""What the scheduler decides: which job to advance, which turns need a worker.
 
 The Celery tasks in ``workers/`` call these and send the follow-up tasks; every state
 change itself goes through :mod:`training.services` (and so into the audit log).
@@ -12,29 +12,54 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from kernel.actors import Actor
+from medsplit.errors import UnknownModeError
 from training.models import Job, Turn
-from training.services import job_start, turn_start_next
+from training.services import group_start_next, job_start, job_transition
 from training.states import JobState
 
 
-def job_advance(*, job_id: int) -> Turn | None:
-    """Start a scheduled job and its next turn, or move a running job on.
+def job_advance_group(*, job_id: int) -> list[Turn]:
+    """Start a scheduled job and its first group, or move a running job on.
 
     Returns:
-        The job's running turn when no worker holds it (the caller sends it to one),
-        else ``None`` (nothing to run: paused, finished, or a worker is on it).
+        The running turns of the job's current group that no worker holds (the caller
+        sends each to one); empty when there is nothing to run (paused, finished, or
+        workers are on every turn).
     """
     job = Job.objects.filter(pk=job_id).first()
     if job is None:
-        return None
-    if job.state == JobState.SCHEDULED:
-        job = job_start(job=job)
-    if job.state != JobState.RUNNING:
-        return None
-    turn = turn_start_next(job=job)
-    if turn is None or _held(turn, timezone.now()):
-        return None
-    return turn
+        return []
+    try:
+        if job.state == JobState.SCHEDULED:
+            job = job_start(job=job)
+        if job.state != JobState.RUNNING:
+            return []
+        running = group_start_next(job=job)
+    except UnknownModeError as e:
+        _fail_for_its_mode(job, e)
+        return []
+    now = timezone.now()
+    return [turn for turn in running if not _held(turn, now)]
+
+
+def _fail_for_its_mode(job: Job, error: UnknownModeError) -> None:
+    """A job whose mode left the coordinator's configuration since it was created cannot
+    be planned: it fails saying why, rather than being retried by every sweep."""
+    job.refresh_from_db()
+    if job.state == JobState.SCHEDULED:  # no round was made: start it bare, to fail it
+        job = job_transition(
+            job=job, to=JobState.RUNNING, actor=Actor.system(), reason="started by the scheduler"
+        )
+    if job.state == JobState.RUNNING:
+        job_transition(job=job, to=JobState.FAILED, actor=Actor.system(), reason=str(error))
+
+
+def job_advance(*, job_id: int) -> Turn | None:
+    """The first turn of :func:`job_advance_group`, or ``None``: for a round-robin job
+    (one turn per group) the one turn to send to a worker."""
+    turns = job_advance_group(job_id=job_id)
+    return turns[0] if turns else None
 
 
 def turn_dispatched(*, turn_id: int, delay: float = 0.0) -> None:

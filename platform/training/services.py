@@ -9,7 +9,7 @@ after the other and cannot deadlock. They act as :meth:`Actor.system`.
 Idempotency, for tasks that may run twice:
 
 * ``job_start`` on a job already running is a no-op.
-* ``turn_start_next`` returns the turn already running, if there is one.
+* ``group_start_next`` returns the group already running, if nothing of it is pending.
 * ``turn_record_progress`` takes cumulative counters, so a repeat changes nothing; a
   report older than the turn's counters is ignored.
 * ``turn_finish`` on a completed turn and ``turn_fail`` on a failed or skipped turn are
@@ -37,6 +37,7 @@ from hospitals.models import Hospital
 from kernel.actors import Actor, ActorKind
 from kernel.errors import Conflict, InvalidInput, PermissionDenied
 from kernel.permissions import require_consortium_admin
+from medsplit.modes import require_mode
 from training.dispatch import job_changed_on_commit
 from training.models import (
     HandOff,
@@ -49,6 +50,9 @@ from training.models import (
 )
 from training.states import TERMINAL, JobState, Who, allowed
 from training.validation import job_spec_validate
+
+#: Where the coordinator's configuration adds modes, for the message of an unknown one.
+EXTRA_MODES_SETTING = 'MEDSPLIT["EXTRA_MODES"] (MEDSPLIT_EXTRA_MODES)'
 
 _VERBS = {
     JobState.DRAFT: "return a job to draft",
@@ -252,7 +256,7 @@ def _close_open_work(job: Job, state: JobState, now: datetime) -> dict[str, int]
 
 def job_start(*, job: Job) -> Job:
     """Start a scheduled job: scheduled → running, with round 0 and its turns created in
-    the participants' order (all pending; :func:`turn_start_next` starts the first).
+    the groups of the mode's plan (all pending; :func:`group_start_next` starts the first).
 
     Idempotent: a job already running is returned as it is.
 
@@ -277,34 +281,46 @@ def job_start(*, job: Job) -> Job:
     return locked
 
 
-def turn_start_next(*, job: Job) -> Turn | None:
-    """Start the job's next turn, moving to the next round or completing the job as needed.
+def group_start_next(*, job: Job) -> list[Turn]:
+    """Start the turns of the job's current group, moving to the next group, the next
+    round or completing the job as needed.
+
+    The current group is the round's lowest one with a pending or running turn (the
+    job mode's :meth:`~medsplit.modes.SplitMode.plan_round` made the groups): every
+    pending turn of it starts, a retry too while the rest of its group runs; the next
+    group starts only once every turn of this one ended (completed, skipped, or failed
+    for good).
 
     Returns:
-        The turn now running; ``None`` when the job is not running (paused, finished)
-        or has just completed its last round.
+        The group's running turns, in position order (those started now and those
+        running already); empty when the job is not running (paused, finished) or has
+        just completed its last round.
 
-    Idempotent: while a turn is running it is returned and nothing else starts.
+    Idempotent: while the group runs with nothing pending, it is returned as it is.
     """
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.state != JobState.RUNNING:
-            return None
-        running = locked.turns.filter(status=Turn.Status.RUNNING).select_related("hospital").first()
-        if running is not None:
-            return running
+            return []
         round_ = locked.round_set.filter(index=locked.current_round or 0).first()
         if round_ is None:  # started by a bare transition: begin at round 0
             round_ = _round_create(job=locked, index=0)
         while True:
-            pending = (
-                round_.turns.filter(status=Turn.Status.PENDING)
-                .select_related("hospital")
-                .order_by("position", "attempt")
-                .first()
-            )
-            if pending is not None:
-                return _turn_start(job=locked, turn=pending)
+            open_turns = round_.turns.filter(status__in=(Turn.Status.PENDING, Turn.Status.RUNNING))
+            group = open_turns.order_by("group").values_list("group", flat=True).first()
+            if group is not None:
+                pending = (
+                    open_turns.filter(group=group, status=Turn.Status.PENDING)
+                    .select_related("hospital")
+                    .order_by("position", "attempt")
+                )
+                for turn in pending:
+                    _turn_start(job=locked, turn=turn)
+                return list(
+                    round_.turns.filter(group=group, status=Turn.Status.RUNNING)
+                    .select_related("hospital")
+                    .order_by("position", "attempt")
+                )
             round_.status = Round.Status.COMPLETED
             round_.finished_at = timezone.now()
             round_.save(update_fields=["status", "finished_at"])
@@ -315,17 +331,27 @@ def turn_start_next(*, job: Job) -> Turn | None:
                     actor=_system(),
                     reason=f"all {locked.rounds} round(s) done",
                 )
-                return None
+                return []
             round_ = _round_create(job=locked, index=round_.index + 1)
+
+
+def turn_start_next(*, job: Job) -> Turn | None:
+    """The first running turn of :func:`group_start_next`'s group, or ``None``: for a
+    round-robin job (one turn per group) the one turn that runs."""
+    running = group_start_next(job=job)
+    return running[0] if running else None
 
 
 def _round_create(*, job: Job, index: int) -> Round:
     round_ = Round.objects.create(
         job=job, index=index, status=Round.Status.RUNNING, started_at=timezone.now()
     )
+    participants = list(job.participants.order_by("position"))
+    groups = require_mode(job.mode, setting=EXTRA_MODES_SETTING).plan_round(participants)
     Turn.objects.bulk_create(
-        Turn(job=job, round=round_, hospital_id=p.hospital_id, position=p.position)
-        for p in job.participants.order_by("position")
+        Turn(job=job, round=round_, hospital_id=p.hospital_id, position=p.position, group=g)
+        for g, members in enumerate(groups)
+        for p in members
     )
     Job.objects.filter(pk=job.pk).update(current_round=index)
     job.current_round = index
@@ -436,7 +462,7 @@ def turn_finish(
     """Mark a running turn completed with its validation metrics.
 
     The turn's last progress is stored as a final metric point if the rate bound had
-    held it back. The next turn is started by :func:`turn_start_next`, not here.
+    held it back. The next group is started by :func:`group_start_next`, not here.
 
     ``crossed`` (names and dtypes of the tensors that crossed, by direction and frame
     kind; never values) goes into the audit log with the turn's counters.
@@ -544,6 +570,7 @@ def turn_fail(*, turn: Turn, reason: str) -> Turn:
                 round_id=locked.round_id,
                 hospital_id=locked.hospital_id,
                 position=locked.position,
+                group=locked.group,  # it runs where its turn's plan put it
                 attempt=locked.attempt + 1,
             )
         if outcome == "job failed" and job.state in (JobState.RUNNING, JobState.PAUSED):

@@ -288,3 +288,25 @@ def test_status_works_offline_and_makes_no_key(tmp_path: Path, capsys) -> None:
     assert format_fingerprint(fingerprint(identity)) in out
     assert re.search(r"per-job keys:\s+job-7", out)
     assert JobKeys(tmp_path).forget(7) and JobKeys(tmp_path).held() == []
+
+
+def test_a_turn_in_a_mode_this_agent_was_not_configured_with_is_refused_saying_so() -> None:
+    """Only the modes of the agent's own extra_modes run: before anything is built, the
+    turn is reported failed, naming the mode and the setting."""
+    from hospital_agent.turns import TurnTaker
+
+    class Coordinator:
+        reasons: ClassVar[list[tuple[int, int, str]]] = []
+
+        def report_problem(self, *, job: int, turn: int, reason: str) -> dict:
+            self.reasons.append((job, turn, reason))
+            return {}
+
+    taker = object.__new__(TurnTaker)  # nothing else of it is reached
+    taker.coordinator = Coordinator()
+    assignment = Assignment({"job": 3, "mode": "elsewhere", "turn": {"id": 8, "round": 0}})
+    assert taker.take(assignment) is None
+    ((job, turn, reason),) = Coordinator.reasons
+    assert (job, turn) == (3, 8)
+    assert "unknown mode 'elsewhere'" in reason
+    assert "extra_modes (MEDSPLIT_AGENT_EXTRA_MODES)" in reason

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from medsplit import cli
 from medsplit.channel import InMemoryChannel
 from medsplit.cutting import SplitModel, split_model
 from medsplit.data import Split, synthetic_split
@@ -26,7 +27,9 @@ from medsplit.modes import (
     get_mode,
     load_extra_modes,
     mode_names,
+    mode_paths,
     register,
+    require_mode,
 )
 from medsplit.modes.ushaped import UShapedClient, UShapedServer
 from medsplit.modes.vanilla import VanillaClient, VanillaMode, VanillaServer
@@ -410,3 +413,44 @@ def test_a_loaded_mode_runs_a_job_through_the_interface(registry: dict[str, Spli
         weights[name] = job.state_dict()
     assert weights["toy"].keys() == weights["vanilla"].keys()
     assert all(torch.equal(weights["toy"][k], weights["vanilla"][k]) for k in weights["toy"])
+
+
+# --------------------------------------------------- each party's own configuration
+
+
+def test_mode_paths_splits_a_setting() -> None:
+    assert mode_paths(None) == [] and mode_paths("") == []
+    assert mode_paths(" a.b:C , ,d.e:F,") == ["a.b:C", "d.e:F"]
+
+
+def test_a_party_asked_for_a_mode_it_was_not_given_names_the_setting(
+    registry: dict[str, SplitMode],
+) -> None:
+    with pytest.raises(UnknownModeError, match=r"unknown mode 'toy'; .* name its class in X_MODES"):
+        require_mode("toy", setting="X_MODES")
+    register(TOY)
+    assert require_mode("toy", setting="X_MODES") is TOY
+
+
+def test_the_cli_loads_its_extra_modes_from_the_environment(
+    registry: dict[str, SplitMode],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("MEDSPLIT_EXTRA_MODES", "no_such_package.modes:Toy")
+    assert cli.main(["cuts", "small_cnn"]) == 2
+    assert "MEDSPLIT_EXTRA_MODES: extra mode 'no_such_package.modes:Toy'" in capsys.readouterr().err
+    monkeypatch.setenv("MEDSPLIT_EXTRA_MODES", f"{__name__}:ToyMode")
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--help"])
+    assert "toy" in capsys.readouterr().out and isinstance(get_mode("toy"), ToyMode)
+
+
+def test_a_plan_with_parallel_groups_alternates_two_hand_off_slots() -> None:
+    """Round-robin keeps one relay slot per sender and recipient; a plan running several
+    hospitals at once alternates two, so a sibling's next hand-off never overwrites the
+    one still to be read."""
+    vanilla = get_mode("vanilla")
+    assert {vanilla.handoff_topic(r, 3) for r in range(4)} == {"handoff"}
+    assert [TOY.handoff_topic(r, 2) for r in range(4)] == ["handoff", "handoff-odd"] * 2
+    assert TOY.handoff_topic(1, 1) == "handoff", "a group of one is round-robin"

@@ -191,3 +191,18 @@ def test_a_hospital_that_reported_no_split_sizes_fails_its_turn_saying_so(
     turn.refresh_from_db()
     assert turn.status == Turn.Status.FAILED
     assert f"hospital {first.slug} has reported no split sizes" in turn.failure_reason
+
+
+def test_a_job_in_a_mode_this_worker_was_not_configured_with_fails_saying_so(
+    runtime: str, make_job, admin_actor: Actor
+) -> None:
+    """A worker runs only the modes it was told of (MEDSPLIT["EXTRA_MODES"]): a job whose
+    mode it does not know fails its turn naming the mode and the setting."""
+    job = scheduled(make_job, admin_actor, rounds=1, on_failure="fail")
+    turn = job_advance(job_id=job.pk)
+    Job.objects.filter(pk=job.pk).update(mode="elsewhere")  # known to another party only
+    assert turn_runner.run(turn.pk, runner="r").outcome == "failed"
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.FAILED
+    assert "unknown mode 'elsewhere'" in turn.failure_reason
+    assert 'MEDSPLIT["EXTRA_MODES"] (MEDSPLIT_EXTRA_MODES)' in turn.failure_reason

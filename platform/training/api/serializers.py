@@ -11,7 +11,10 @@ from rest_framework import serializers
 
 from kernel.actors import Actor
 from kernel.permissions import sees_participant_in_full
+from medsplit.errors import UnknownModeError
+from medsplit.modes import StartFrom
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.plan import turn_start
 
 
 def _viewer(serializer: serializers.Field) -> Actor | None:
@@ -267,6 +270,17 @@ class HandoffSourceSerializer(serializers.Serializer):
     )
 
 
+class StartFromSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(
+        choices=[k.value for k in StartFrom],
+        help_text="previous: the hand-off of the turn before; initial: the job's seed; "
+        "aggregate: the job mode's combination of the last group's hand-offs",
+    )
+    sources = HandoffSourceSerializer(
+        many=True, help_text="the turns whose sealed weights to start from, in position order"
+    )
+
+
 class AssignmentSerializer(serializers.ModelSerializer):
     """What an agent needs to take part: the training config, its place, its turns, the
     other participants' public keys, and whose sealed weights to start from."""
@@ -288,6 +302,9 @@ class AssignmentSerializer(serializers.ModelSerializer):
         help_text="the last completed turn's hospital, whose sealed weights the next turn "
         "(and, once the job ended, every participant) starts from; null: start from the "
         "job's seed"
+    )
+    start_from = serializers.SerializerMethodField(
+        help_text="where its latest turn starts (the job mode's round plan); null before any turn"
     )
 
     class Meta:
@@ -317,6 +334,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "turns",
             "participants",
             "handoff_from",
+            "start_from",
             "state_reason",
             "relay_prefix",
         ]
@@ -351,6 +369,28 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "identity_fingerprint": last.hospital.identity_fingerprint,
             "round": last.round.index,
             "turn": last.pk,
+            "ciphertext_sha256": sealed.ciphertext_sha256 if sealed else None,
+        }
+
+    @extend_schema_field(StartFromSerializer(allow_null=True))
+    def get_start_from(self, job: Job) -> dict | None:
+        if not job.my_turns:
+            return None
+        try:
+            start = turn_start(turn=job.my_turns[-1], completed=job.completed_turns)
+        except UnknownModeError:
+            # Taken out of MEDSPLIT["EXTRA_MODES"] since: its turns fail at the worker,
+            # saying so; the agent's other assignments must still be served.
+            return None
+        return {"kind": start.kind.value, "sources": [self._source(job, t) for t in start.sources]}
+
+    def _source(self, job: Job, turn: Turn) -> dict:
+        sealed = next((h for h in job.handoffs_to_me if h.turn_id == turn.pk), None)
+        return {
+            "hospital": turn.hospital.slug,
+            "identity_fingerprint": turn.hospital.identity_fingerprint,
+            "round": turn.round.index,
+            "turn": turn.pk,
             "ciphertext_sha256": sealed.ciphertext_sha256 if sealed else None,
         }
 

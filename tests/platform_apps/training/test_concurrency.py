@@ -26,6 +26,20 @@ def test_racing_schedulers_start_one_turn(make_job) -> None:
     assert AuditEvent.objects.filter(job_id=job.pk, action="turn.started").count() == 1
 
 
+def test_racing_schedulers_start_a_parallel_group_once(make_job, monkeypatch) -> None:
+    from medsplit.modes import MODES
+    from tests.medsplit.test_modes import TOY
+
+    monkeypatch.setitem(MODES, TOY.name, TOY)  # every hospital in one group
+    job = services.job_start(job=make_job(state="scheduled", mode="toy"))
+    results = race(lambda: services.group_start_next(job=job), n=3)
+    assert {tuple(t.pk for t in group) for group in results} == {
+        tuple(Turn.objects.filter(job=job).order_by("position").values_list("pk", flat=True))
+    }
+    assert Turn.objects.filter(job=job, status="running").count() == 3
+    assert AuditEvent.objects.filter(job_id=job.pk, action="turn.started").count() == 3
+
+
 def test_racing_failures_queue_one_retry(make_job) -> None:
     job = services.job_start(job=make_job(state="scheduled", on_failure="retry", max_retries=2))
     turn = services.turn_start_next(job=job)

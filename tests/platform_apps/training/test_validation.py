@@ -81,6 +81,26 @@ def test_a_registered_mode_is_accepted_and_its_cut_count_checked(job_data, monke
     ]
 
 
+def test_the_training_app_loads_the_coordinators_extra_modes(job_data, settings) -> None:
+    """MEDSPLIT["EXTRA_MODES"] is read when the app starts (here: its ready() again)."""
+    from django.apps import apps
+
+    from medsplit.modes import MODES
+
+    saved = dict(MODES)
+    try:
+        settings.MEDSPLIT = {
+            **settings.MEDSPLIT,
+            "EXTRA_MODES": ["tests.medsplit.test_modes:ToyMode"],
+        }
+        assert "toy" not in MODES
+        apps.get_app_config("training").ready()
+        assert job_spec_validate(data=job_data(mode="toy", cuts=["pool1"])).mode == "toy"
+    finally:
+        MODES.clear()
+        MODES.update(saved)
+
+
 def test_densenet_does_not_fit_28_by_28_images(job_data) -> None:
     details = refused(job_data(model="densenet121", cuts=["features.transition1"]))
     assert list(details) == ["model"]
