@@ -113,8 +113,12 @@ def test_receive_wakes_when_another_thread_sends(
     redis_url: str, channel: RedisChannel, stream: str
 ) -> None:
     sender = RedisChannel(redis_url)
-    threading.Timer(0.1, sender.send, args=(stream, b"late")).start()
+    timer = threading.Timer(0.1, sender.send, args=(stream, b"late"))
+    timer.start()
     assert channel.receive(stream, timeout=5) == b"late"
+    # The frame arrives before the sender has read its transaction's reply: closing its
+    # connection under it would fail the sending thread.
+    timer.join(5)
     sender.close()
 
 
