@@ -445,30 +445,7 @@ class TurnTaker:
             if fresh is None or fresh.raw["handoff_from"] is None:
                 return None
             assignment, source = fresh, fresh.raw["handoff_from"]
-        key = self.job_keys.load(assignment.job)
-        if key is None:
-            raise SealError(
-                f"this agent holds no per-job key for job {assignment.job} (deleted once the "
-                "job ended, or this work directory is not the one that published it): the "
-                f"weights {source['hospital']} sealed for this hospital cannot be opened"
-            )
-        return self.relay.take_handoff(
-            keys=assignment.relay_keys,
-            job=assignment.job_name,
-            key=key,
-            sender=source["hospital"],
-            sender_identity=self._peer_identity(assignment, source["hospital"]),
-            context=SealContext(
-                job=assignment.job_name,
-                round=source["round"],
-                sender=source["hospital"],
-                recipient=self.me,
-            ),
-            expected_sha256=source["ciphertext_sha256"],
-            wait=max(0.0, deadline - time.monotonic()),
-            stopping=self.stopping,
-            topic=self._topic(assignment, source["round"]),
-        )
+        return self._open(assignment, source, deadline)
 
     def _combined(
         self,
