@@ -4,7 +4,9 @@ gets them back.
 The relay keeps no data across a restart (docs/deploy.md): a blob left there for the next
 hospital and not fetched yet is gone with it, and the job would stop there, since nobody
 else holds those bytes and the coordinator recorded their hash. So the agent keeps the
-exact bytes of the latest blob it left for each recipient of each job, and counts each
+exact bytes of the latest blob it left in each slot of each job (a slot is a relay key:
+a recipient and a topic, so both hand-off slots of a parallel plan, ``handoff`` and
+``handoff-odd``, are kept), and counts each
 blob it leaves in a mark next to them on the relay: the field ``left`` of its own ``train``
 up stream's counters (``<prefix>:hospital:<slug>:{job-N}:train:up:seq``), raised in the
 same ``MULTI``/``EXEC`` as the blob is written, so the relay keeps both or neither. A mark
@@ -57,16 +59,16 @@ def leave(client: redis.Redis, left: Left, *, ttl: int, only_if_missing: bool = 
 
 @dataclass
 class Outbox:
-    """What one agent left on the relay, per job: the latest blob per recipient and how
-    many blobs it counted into the job's mark."""
+    """What one agent left on the relay, per job: the latest blob per slot (its relay key)
+    and how many blobs it counted into the job's mark."""
 
     ttl: int
     _left: dict[str, dict[str, Left]] = field(default_factory=dict)
     _count: dict[str, int] = field(default_factory=dict)
 
-    def left(self, job: str, recipient: str, left: Left) -> None:
-        """``left`` was written, with its mark."""
-        self._left.setdefault(job, {})[recipient] = left
+    def left(self, job: str, left: Left) -> None:
+        """``left`` was written, with its mark; it replaces what this slot held before."""
+        self._left.setdefault(job, {})[left.key] = left
         self._count[job] = self._count.get(job, 0) + 1
 
     def holds(self, job: str) -> bool:

@@ -93,7 +93,7 @@ class Relay:
             counter=counter_of(keys.streams(job, me).up),
         )
         self._leave(left, recipient)
-        self.outbox.left(job, recipient, left)
+        self.outbox.left(job, left)
         return left.sha256, len(blob)
 
     def _leave(self, left: Left, recipient: str) -> None:

@@ -46,22 +46,27 @@ class Party:
         )
 
 
-def hand_on(sender: Party, recipient: Party, job: str, state: bytes) -> str:
+def hand_on(
+    sender: Party, recipient: Party, job: str, state: bytes, topic: str = "handoff", round_: int = 0
+) -> str:
     digest, _ = sender.relay.put_handoff(
         keys=session_keys(), job=job, state=state, identity=sender.identity,
         recipient=recipient.slug, recipient_key=recipient.published,
         recipient_identity=recipient.identity.public_key(),
-        context=SealContext(job=job, round=0, sender=sender.slug, recipient=recipient.slug),
+        context=SealContext(job=job, round=round_, sender=sender.slug, recipient=recipient.slug),
+        topic=topic,
     )  # fmt: skip
     return digest
 
 
-def take(recipient: Party, sender: Party, job: str, digest: str) -> bytes:
+def take(
+    recipient: Party, sender: Party, job: str, digest: str, topic: str = "handoff", round_: int = 0
+) -> bytes:
     return recipient.relay.take_handoff(
         keys=session_keys(), job=job, key=recipient.key, sender=sender.slug,
         sender_identity=sender.identity.public_key(),
-        context=SealContext(job=job, round=0, sender=sender.slug, recipient=recipient.slug),
-        expected_sha256=digest, wait=0, stopping=threading.Event(),
+        context=SealContext(job=job, round=round_, sender=sender.slug, recipient=recipient.slug),
+        expected_sha256=digest, wait=0, stopping=threading.Event(), topic=topic,
     )  # fmt: skip
 
 
@@ -82,6 +87,20 @@ def test_blobs_a_restarted_relay_lost_are_put_back_unchanged(
     assert take(b, sender, job, digests["b"]) == b"weights for b"
     assert take(c, sender, job, digests["c"]) == b"weights for c"
     assert sender.relay.restore_handoffs(job) == 0
+
+
+def test_both_hand_off_slots_of_a_recipient_are_put_back(
+    redis_url: str, raw: redis.Redis, job: str
+) -> None:
+    """A parallel plan leaves one recipient a blob in each of two slots (even and odd
+    rounds): a restart loses both, and both come back, not only the latest."""
+    sender, b = Party(redis_url, "sender", job), Party(redis_url, "b", job)
+    even = hand_on(sender, b, job, b"round 0", topic="handoff", round_=0)
+    odd = hand_on(sender, b, job, b"round 1", topic="handoff-odd", round_=1)
+    lose_everything(raw, job)
+    assert sender.relay.restore_handoffs(job) == 2
+    assert take(b, sender, job, even, topic="handoff", round_=0) == b"round 0"
+    assert take(b, sender, job, odd, topic="handoff-odd", round_=1) == b"round 1"
 
 
 def test_a_restart_in_the_middle_of_a_hand_off_is_caught(
