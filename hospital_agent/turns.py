@@ -414,14 +414,17 @@ class TurnTaker:
         """The training state the next turn starts from (see the module docstring), as
         the assignment's ``start_from`` says: the previous hospital's hand-off, the job's
         seed, or the job mode's combination of the last group's hand-offs; with
-        ``final``, the last completed turn's (the job's result).
+        ``final``, the job's result, as its ``result_from`` says (the last completed
+        turn's, or the combination of the last group's).
 
         Raises:
             SealError: the blob is not what was sealed for this place, or this agent holds
                 no key for the job any more.
             PeerKeyRefused: the sender's identity does not fit its pin.
         """
-        start = None if final else assignment.raw.get("start_from")
+        # The job's result is what its mode says (an older coordinator sends none: the
+        # last turn's hand-off, as round-robin).
+        start = assignment.raw.get("result_from" if final else "start_from")
         if start is not None and start["kind"] != StartFrom.PREVIOUS:
             # The job's mode plans otherwise than a chain of hand-offs.
             split = split or assignment.model().split(config)

@@ -156,7 +156,14 @@ def run(turn_id: int, *, runner: str) -> RunResult:
             max_backlog_bytes=bounds.stream_bytes,
         )
         hooks = RunnerHooks(
-            turn=turn, runner=runner, lease_seconds=lease, meter=meter, guard=relay_guard()
+            turn=turn,
+            runner=runner,
+            lease_seconds=lease,
+            meter=meter,
+            guard=relay_guard(),
+            # The job's result, if this turn ends the job and its mode combines the last
+            # group: made of the group's server checkpoints, as a further round would.
+            combine=lambda blobs: config.split_mode.combine_exported(blobs, store.fresh),
         )
         logger.info(
             "turn %s (job %s, round %s, %s): served by %s (start %d of at most %d)",
@@ -254,8 +261,10 @@ class RunnerHooks:
         lease_seconds: float,
         meter: TurnMeter | None = None,
         guard: RelayGuard | None = None,
+        combine: Callable[[list[bytes]], bytes] | None = None,
     ) -> None:
         self.turn = turn
+        self.combine = combine
         self.runner = runner
         self.lease_seconds = lease_seconds
         self.meter = meter
@@ -298,7 +307,12 @@ class RunnerHooks:
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         self._record(progress, final=True)
         try:
-            turn_complete(turn=self.turn, metrics=dict(metrics), crossed=progress.crossed)
+            turn_complete(
+                turn=self.turn,
+                metrics=dict(metrics),
+                crossed=progress.crossed,
+                combine=self.combine,
+            )
         except Conflict as e:
             raise TurnFailed(f"the coordinator refused to finish the turn: {e}") from e
 

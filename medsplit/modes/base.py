@@ -12,7 +12,8 @@ Hooks in use: :meth:`SplitMode.client_segments`, :meth:`SplitMode.default_cuts`,
 and :meth:`SplitMode.describe`; and the round's, with round-robin defaults, which the
 coordinator's scheduler, the worker's turn runner and the agent call:
 :meth:`SplitMode.plan_round` (the groups of a round), :meth:`SplitMode.start_from`
-(where a group's turns start) and :meth:`SplitMode.combine` (through
+(where a group's turns start), :meth:`SplitMode.result_from` (where the job's final
+weights come from) and :meth:`SplitMode.combine` (through
 :meth:`SplitMode.combine_exported`, the state made of the last group's).
 """
 
@@ -243,6 +244,14 @@ class SplitMode(ABC):
         if round_index == 0 and group_index == 0:
             return StartFrom.INITIAL
         return StartFrom.PREVIOUS
+
+    def result_from(self, rounds: int) -> StartFrom:
+        """Where a job's result (its final weights) comes from once its ``rounds`` rounds
+        ended: what a further round would start from. Round-robin: the last turn's
+        hand-off; a mode that combines its groups: the combination of the last group, so
+        that every hospital and the server keep the same, combined, model."""
+        kind = self.start_from(rounds, 0)
+        return StartFrom.PREVIOUS if kind == StartFrom.INITIAL else kind
 
     def combine(self, states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The state the next group starts from, made of the states a group ended with

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from medsplit.modes import StartFrom, get_mode
-from training.models import Turn
+from training.models import Job, Turn
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,28 @@ def turn_start(*, turn: Turn, completed: Sequence[Turn] | None = None) -> TurnSt
         return TurnStart(kind, (before[-1],))
     last = (before[-1].round.index, before[-1].group)
     return TurnStart(kind, tuple(t for t in before if (t.round.index, t.group) == last))
+
+
+def job_result(*, job: Job, completed: Sequence[Turn] | None = None) -> TurnStart:
+    """Where ``job``'s result (its final weights) comes from, by its mode's
+    :meth:`~medsplit.modes.SplitMode.result_from`: the last completed turn
+    (:attr:`StartFrom.PREVIOUS`) or the last group's completed turns
+    (:attr:`StartFrom.AGGREGATE`), in position order; no sources before any turn ended.
+
+    Raises:
+        UnknownModeError: the job's mode is not registered here.
+    """
+    if completed is None:
+        completed = list(
+            Turn.objects.filter(job_id=job.pk, status=Turn.Status.COMPLETED).select_related(
+                "round", "hospital"
+            )
+        )
+    kind = get_mode(job.mode).result_from(job.rounds)
+    ended = sorted(completed, key=lambda t: (t.round.index, t.group, t.position))
+    if not ended:
+        return TurnStart(kind, ())
+    if kind != StartFrom.AGGREGATE:
+        return TurnStart(kind, (ended[-1],))
+    last = (ended[-1].round.index, ended[-1].group)
+    return TurnStart(kind, tuple(t for t in ended if (t.round.index, t.group) == last))

@@ -11,6 +11,7 @@ are conditional updates under the turn's row lock.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,9 +24,12 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import audit_record
 from kernel.actors import Actor
+from medsplit.errors import RoundPlanError
+from medsplit.modes import StartFrom
 from medsplit.turns import Directive
+from medsplit.turns.checkpoints import CheckpointError, read_verified, write_atomic
 from training.models import Job, ServerCheckpoint, Turn
-from training.plan import turn_start
+from training.plan import job_result, turn_start
 from training.services import turn_finish
 from training.states import JobState
 
@@ -204,9 +208,22 @@ def checkpoint_record(
     return checkpoint
 
 
-def turn_complete(*, turn: Turn, metrics: dict[str, float], crossed: dict | None = None) -> Turn:
+def turn_complete(
+    *,
+    turn: Turn,
+    metrics: dict[str, float],
+    crossed: dict | None = None,
+    combine: Callable[[list[bytes]], bytes] | None = None,
+) -> Turn:
     """Finish the turn (:func:`training.services.turn_finish`) and make its last
-    checkpoint the job's server state, which the next turn starts from; drop the rest."""
+    checkpoint the job's server state, which the next turn starts from; drop the rest.
+
+    When this turn ends the job's last round and the job's mode makes its result of the
+    last group (:meth:`~medsplit.modes.SplitMode.result_from`), the job's server state
+    becomes ``combine`` of the group's last checkpoints instead (the server's exported
+    parties from each, in position order), in the same transaction: a failure to combine
+    leaves the turn running, to be served again.
+    """
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=turn.job_id)
         finished = turn_finish(turn=turn, metrics=metrics, crossed=crossed)
@@ -216,15 +233,78 @@ def turn_complete(*, turn: Turn, metrics: dict[str, float], crossed: dict | None
             .order_by("-step")
             .first()
         )
+        own = latest
+        result = _combined_result(job=job, finished=finished, combine=combine)
+        if result is not None:
+            latest = result
         if latest is not None and job.server_checkpoint_id != latest.pk:
             Job.objects.filter(pk=job.pk).update(server_checkpoint=latest)
         keep = latest.pk if latest is not None else job.server_checkpoint_id
         Turn.objects.filter(pk=turn.pk).update(runner="", lease_expires_at=None)
-        stale = job.server_checkpoints.filter(~Q(pk=keep))
+        # With a combined result, the group's ends it was made of stay too (this turn's
+        # own end among them), as the record of what each turn left.
+        stale = job.server_checkpoints.filter(~Q(pk__in=[keep, own.pk if own else keep]))
         for round_index, position in _places_still_needed(finished):
             stale = stale.exclude(round_index=round_index, position=position)
         _delete_checkpoints(stale)
     return finished
+
+
+def _combined_result(
+    *, job: Job, finished: Turn, combine: Callable[[list[bytes]], bytes] | None
+) -> ServerCheckpoint | None:
+    """The job's combined server result, recorded, if ``finished`` ended the job's last
+    round and its mode combines the last group; else ``None``.
+
+    It lies at the place one round past the last (round ``job.rounds``, position 0,
+    step 0), the place a further round's turns would start from.
+
+    Raises:
+        CheckpointError: a checkpoint of the last group is gone or altered.
+        RoundPlanError: ``combine`` was not given though the mode combines.
+    """
+    if finished.round.index != job.rounds - 1:
+        return None
+    if Turn.objects.filter(
+        round_id=finished.round_id, status__in=(Turn.Status.PENDING, Turn.Status.RUNNING)
+    ).exists():
+        return None  # a sibling still runs: the last to end combines
+    result = job_result(job=job)
+    if result.kind != StartFrom.AGGREGATE:
+        return None
+    if combine is None:
+        raise RoundPlanError(
+            f"job {job.pk}'s mode combines its last group into the result, but the "
+            "turn was completed without a way to combine server states"
+        )
+    ends = [
+        checkpoints_of_place(job_id=job.pk, round_index=t.round.index, position=t.position).last()
+        for t in result.sources
+    ]
+    missing = [t.hospital.slug for t, row in zip(result.sources, ends, strict=True) if not row]
+    if missing:
+        raise CheckpointError(
+            f"the server checkpoints of the last group (the ends of the turns of "
+            f"{', '.join(missing)}) are gone; the job's result cannot be made"
+        )
+    blobs = [read_verified(checkpoint_dir() / row.path, row.sha256) for row in ends]
+    data = combine(blobs)
+    path = checkpoint_path(job_id=job.pk, round_index=job.rounds, position=0, step=0)
+    digest = write_atomic(checkpoint_dir() / path, data)
+    row, _ = ServerCheckpoint.objects.update_or_create(
+        job_id=job.pk,
+        round_index=job.rounds,
+        position=0,
+        step=0,
+        defaults={
+            "turn": finished,
+            "path": path,
+            "sha256": digest,
+            "size_bytes": len(data),
+            "created_at": timezone.now(),
+        },
+    )
+    return row
 
 
 def _places_still_needed(finished: Turn) -> set[tuple[int, int]]:

@@ -29,8 +29,12 @@ def job_weights(*, job: Job) -> list[WeightPart]:
         parts.append(
             WeightPart(
                 party="workers",
-                what=f"server segment after round {row.round_index}, position {row.position}, "
-                f"step {row.step}",
+                what=(
+                    "server segment: the combination of the last round's (the job mode's result)"
+                    if row.round_index >= job.rounds
+                    else f"server segment after round {row.round_index}, position "
+                    f"{row.position}, step {row.step}"
+                ),
                 where=str(checkpoint_dir() / row.path),
                 size_bytes=row.size_bytes,
                 sha256=row.sha256,

@@ -15,6 +15,7 @@ and an agent never imports Django.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -196,6 +197,29 @@ def test_a_mode_from_the_configuration_runs_a_parallel_job_end_to_end(
         # And what the next round would start from: the mean of the two.
         for name, value in means.items():
             assert torch.equal(mean([f[name] for f in finals]), value), name
+        # That mean is the job's result, on both sides: each agent's final.safetensors
+        # (the fronts) and the job's server checkpoint (the server segment).
+        job.refresh_from_db()
+        row = job.server_checkpoint
+        assert (row.round_index, row.position, row.step) == (2, 0, 0), "the result's place"
+        server = server_party(split, config)
+        import_parties(
+            read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server}
+        )
+        result = dict(server.module.state_dict())
+        for h in range(2):
+            final = agents.folder / f"agent-{h}" / "jobs" / f"job-{job.pk}" / "final.safetensors"
+            deadline = time.monotonic() + 60
+            while not final.exists() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            clients = client_parties(split, config)
+            import_parties(final.read_bytes(), clients)
+            fronts = {k: v for p in clients.values() for k, v in p.module.state_dict().items()}
+            assert fronts.keys().isdisjoint(result.keys())
+            result_h = {**result, **fronts}
+            assert result_h.keys() == means.keys()
+            for name, value in means.items():
+                assert torch.equal(result_h[name], value), f"hospital {h}'s result: {name}"
     finally:
         # The agents poll the live server until stopped: stop them while it knows the mode.
         for name in list(processes.started):

@@ -14,7 +14,8 @@ from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
-from training.plan import turn_start
+from training.plan import job_result, turn_start
+from training.states import JobState
 
 
 def _viewer(serializer: serializers.Field) -> Actor | None:
@@ -306,6 +307,11 @@ class AssignmentSerializer(serializers.ModelSerializer):
     start_from = serializers.SerializerMethodField(
         help_text="where its latest turn starts (the job mode's round plan); null before any turn"
     )
+    result_from = serializers.SerializerMethodField(
+        help_text="once the job completed, where its final weights come from (the job "
+        "mode's result: the last turn's hand-off, or the combination of the last group's); "
+        "null before"
+    )
 
     class Meta:
         model = Job
@@ -335,6 +341,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "participants",
             "handoff_from",
             "start_from",
+            "result_from",
             "state_reason",
             "relay_prefix",
         ]
@@ -383,6 +390,19 @@ class AssignmentSerializer(serializers.ModelSerializer):
             # saying so; the agent's other assignments must still be served.
             return None
         return {"kind": start.kind.value, "sources": [self._source(job, t) for t in start.sources]}
+
+    @extend_schema_field(StartFromSerializer(allow_null=True))
+    def get_result_from(self, job: Job) -> dict | None:
+        if job.state != JobState.COMPLETED:
+            return None
+        try:
+            result = job_result(job=job, completed=job.completed_turns)
+        except UnknownModeError:
+            return None  # as for start_from
+        return {
+            "kind": result.kind.value,
+            "sources": [self._source(job, t) for t in result.sources],
+        }
 
     def _source(self, job: Job, turn: Turn) -> dict:
         sealed = next((h for h in job.handoffs_to_me if h.turn_id == turn.pk), None)
