@@ -103,7 +103,7 @@ def test_create_a_job_from_the_form(open_page, consortium_admin, three_hospitals
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
     job = Job.objects.get(pk=job_id)
-    assert job.model_name == "small_cnn" and job.cuts == ["pool1"]
+    assert job.model_name == "small_cnn" and job.description["cuts"] == ["pool1"]
     order = [p.hospital.slug for p in job.participants.order_by("position")]
     assert order == [slug for slug in shown if slug in order]
     assert set(order) == {h.slug for h in three_hospitals}
@@ -136,7 +136,7 @@ def test_the_form_takes_its_modes_from_the_registry(
     page.get_by_test_id("create-job").click()
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
-    assert job.mode == "ushaped" and job.cuts == ["pool1", "pool"]
+    assert job.mode == "ushaped" and job.description["cuts"] == ["pool1", "pool"]
 
 
 def test_the_job_page_follows_a_running_job(
