@@ -261,7 +261,7 @@ def measure(
         slug=slug,
     )
     job = services.job_create(actor=admin, data=data)
-    train = agent_train_split(shape, total * args.batch_size, tuple(job.input_shape))
+    train = agent_train_split(shape, total * args.batch_size, job.job_description().input_shape)
     baseline: list[list[float]] = []
 
     def unsplit(n: int):

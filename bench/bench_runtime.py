@@ -280,7 +280,10 @@ def synthetic_train(job, samples: int):
     from medsplit.data import synthetic_split
 
     return synthetic_split(
-        samples, shape=tuple(job.input_shape), num_classes=job.num_classes, seed=101
+        samples,
+        shape=job.job_description().input_shape,
+        num_classes=job.job_description().num_classes,
+        seed=101,
     )
 
 
@@ -355,7 +358,7 @@ def run_splitjob_turn(job, train, times: StepTimes, total: int) -> None:
 
     config = job.training_config()
     model = job_model(job).build()
-    split_job = SplitJob(model, torch.zeros(2, *job.input_shape), config)
+    split_job = SplitJob(model, torch.zeros(2, *job.job_description().input_shape), config)
     split_job.run_turn(
         SplitHospital("h", train),
         index=0,

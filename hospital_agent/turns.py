@@ -44,15 +44,15 @@ from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
-from medsplit.errors import ChannelError, SealError, UnknownModeError
+from medsplit.errors import ChannelError, ConfigError, SealError
 from medsplit.modes import StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.keys import SignedRecipientKey
-from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.roles import StepResult
 from medsplit.protocol.sealing import SealContext
 from medsplit.training.config import TrainingConfig
+from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
@@ -90,31 +90,26 @@ class Assignment:
         """The deployment's relay key layout, as the coordinator names it."""
         return RelayKeys(self.raw.get("relay_prefix") or RelayKeys().prefix)
 
+    def description(self) -> JobDescription:
+        """What the job trains and how, as the coordinator stored it.
+
+        Raises:
+            JobDescriptionError: not a description this agent reads (another version,
+                say); the message names each field.
+        """
+        return JobDescription.from_json(self.raw["description"])
+
+    @property
+    def mode(self) -> str:
+        """The job's mode's name, as the description gives it (before it is checked)."""
+        described = self.raw.get("description")
+        return str(described.get("mode", "")) if isinstance(described, dict) else ""
+
     def config(self) -> TrainingConfig:
-        r = self.raw
-        return TrainingConfig(
-            cuts=tuple(r["cuts"]),
-            mode=r["mode"],
-            client_optimizer=OptimizerConfig.from_json(r["client_optimizer"]),
-            batch_size=r["batch_size"],
-            local_epochs=r["local_epochs"],
-            max_steps_per_turn=r["max_steps_per_turn"],
-            rounds=r["rounds"],
-            codec=r["codec"],
-            seed=r["seed"],
-            job=self.job_name,
-        )
+        return self.description().training_config(self.job_name)
 
     def model(self) -> JobModel:
-        r = self.raw
-        return JobModel(
-            name=r["model"],
-            spatial_dims=r["spatial_dims"],
-            in_channels=r["in_channels"],
-            num_classes=r["num_classes"],
-            input_shape=tuple(r["input_shape"]),
-            seed=r["seed"],
-        )
+        return self.description().job_model()
 
     def participant(self, hospital: str) -> dict[str, Any]:
         """The participant entry of ``hospital``.
@@ -188,8 +183,9 @@ class TurnTaker:
         turn = assignment.raw["turn"]
         try:
             # Before anything is built: only a mode this agent was configured with runs.
-            require_mode(assignment.raw["mode"], setting=EXTRA_MODES_SETTING)
-        except UnknownModeError as e:
+            require_mode(assignment.mode, setting=EXTRA_MODES_SETTING)
+            assignment.description()
+        except ConfigError as e:  # an unknown mode, a description it does not read
             logger.error("job %s: %s", assignment.job, e)
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
             return None

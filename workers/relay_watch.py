@@ -14,7 +14,7 @@ from hospitals.relay_acl import relay_keys
 from hospitals.relay_services import relay_user_suspend
 from kernel.actors import Actor
 from medsplit.training.relay_limits import RelayLimits, relay_limits
-from medsplit.training.setup import JobModel, cached_split
+from medsplit.training.setup import cached_split
 from training.models import Job, JobParticipant, Turn
 from training.services import turn_fail
 from workers.relay_guard import Overuse, RelayGuard
@@ -39,16 +39,9 @@ def job_limits(job_name: str, hospital: str) -> RelayLimits | None:
 
 def limits_of_job(job: Job) -> RelayLimits:
     """The relay bounds of ``job`` (its split is traced once per process and kept)."""
-    config = job.training_config()
-    model = JobModel(
-        name=job.model_name,
-        spatial_dims=job.spatial_dims,
-        in_channels=job.in_channels,
-        num_classes=job.num_classes,
-        input_shape=tuple(job.input_shape),
-        seed=job.seed,
-    )
-    return relay_limits(cached_split(model, config.cuts), config)
+    described = job.job_description()
+    config = described.training_config(f"job-{job.pk}")
+    return relay_limits(cached_split(described.job_model(), config.cuts), config)
 
 
 def guard(client: redis.Redis | None = None) -> RelayGuard:

@@ -84,14 +84,8 @@ class RunResult:
 
 
 def job_model(job: Job) -> JobModel:
-    return JobModel(
-        name=job.model_name,
-        spatial_dims=job.spatial_dims,
-        in_channels=job.in_channels,
-        num_classes=job.num_classes,
-        input_shape=tuple(job.input_shape),
-        seed=job.seed,
-    )
+    """The job's model, from its stored description (``JobDescription.from_json``)."""
+    return job.job_description().job_model()
 
 
 def reported_limits(job: Job, config: TrainingConfig, hospital: Hospital) -> FrameLimits:
@@ -110,7 +104,8 @@ def reported_limits(job: Job, config: TrainingConfig, hospital: Hospital) -> Fra
             "start its agent so that it reports them with a heartbeat"
         )
     train, val = counts
-    return turn_limits(config, num_classes=job.num_classes, train=train, val=val)
+    classes = job.job_description().num_classes
+    return turn_limits(config, num_classes=classes, train=train, val=val)
 
 
 def run(turn_id: int, *, runner: str) -> RunResult:

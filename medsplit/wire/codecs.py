@@ -33,6 +33,7 @@ __all__ = [
     "Fp16Codec",
     "Int8Codec",
     "NoneCodec",
+    "describe_codecs",
     "get_codec",
     "part_key",
 ]
@@ -91,6 +92,10 @@ class Codec(ABC):
     name: ClassVar[str]
     #: The parts :meth:`encode` returns, always including :data:`DATA_PART`.
     parts: ClassVar[tuple[str, ...]] = (DATA_PART,)
+    #: Whether every tensor crosses bit for bit (only then does training stay exact).
+    exact: ClassVar[bool] = False
+    #: One line for people choosing a codec.
+    summary: ClassVar[str]
 
     @abstractmethod
     def applies_to(self, dtype: torch.dtype) -> bool:
@@ -160,6 +165,8 @@ class NoneCodec(Codec):
     """
 
     name = "none"
+    exact = True
+    summary = "every tensor as it is, bit for bit: training stays exact"
 
     def applies_to(self, dtype: torch.dtype) -> bool:
         return True
@@ -231,6 +238,7 @@ class Fp16Codec(_CastCodec):
     """
 
     name = "fp16"
+    summary = "floats as float16 on the wire: half the bytes, about 3 decimal digits kept"
     wire_dtype = torch.float16
 
 
@@ -244,6 +252,7 @@ class Bf16Codec(_CastCodec):
     """
 
     name = "bf16"
+    summary = "floats as bfloat16 on the wire: half the bytes, float32's range, 2-3 digits"
     wire_dtype = torch.bfloat16
 
 
@@ -264,6 +273,7 @@ class Int8Codec(Codec):
     """
 
     name = "int8"
+    summary = "floats as 8-bit levels of each tensor's range: a quarter of the bytes"
     parts = (DATA_PART, "scale", "offset")
 
     def applies_to(self, dtype: torch.dtype) -> bool:
@@ -350,6 +360,15 @@ class Int8Codec(Codec):
 CODECS: Mapping[str, Codec] = MappingProxyType(
     {codec.name: codec for codec in (NoneCodec(), Fp16Codec(), Bf16Codec(), Int8Codec())}
 )
+
+
+def describe_codecs() -> list[dict[str, object]]:
+    """Every codec as the API and the dashboard show it: name, whether it is exact, and
+    one line (``GET /api/codecs/``)."""
+    return [
+        {"name": codec.name, "exact": codec.exact, "summary": codec.summary}
+        for codec in CODECS.values()
+    ]
 
 
 def get_codec(name: str) -> Codec:

@@ -7,14 +7,12 @@ only configuration, counters, sizes and hashes.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from django.conf import settings
 from django.db import models
 
 from medsplit.modes import DEFAULT_MODE
-from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
+from medsplit.training.description import JobDescription
 from training.states import JobState
 
 
@@ -30,26 +28,15 @@ class Job(models.Model):
     """One training run of a registry model across an ordered list of hospitals."""
 
     name = models.CharField(max_length=200, blank=True)
-    # The model, as the medsplit registry builds it.
+    # What the job trains and how: medsplit's JobDescription in its versioned JSON form
+    # (medsplit/training/description.py), written once when the job is created, served
+    # as it is (the job's detail, the assignment) and read back by workers and agents.
+    description = models.JSONField()
+    # Copied from the description when the job is created, for the queries that filter,
+    # list or schedule on them; nothing else reads them.
     model_name = models.CharField(max_length=64, db_index=True)
-    spatial_dims = models.PositiveSmallIntegerField()
-    in_channels = models.PositiveSmallIntegerField()
-    num_classes = models.PositiveIntegerField()
-    # The (C, H, W[, D]) every participant reported when the job was created.
-    input_shape = models.JSONField(default=list)
-    # A registered mode's name (medsplit.modes); the job's validation checks it, so a
-    # mode added later needs no migration.
     mode = models.CharField(max_length=16, default=DEFAULT_MODE)
-    cuts = models.JSONField(default=list)
-    # Keyword arguments of medsplit's OptimizerConfig, normalised (every field present).
-    client_optimizer = models.JSONField(default=dict)
-    server_optimizer = models.JSONField(default=dict)
-    batch_size = models.PositiveIntegerField(default=32)
-    local_epochs = models.PositiveIntegerField(default=1)
-    max_steps_per_turn = models.PositiveIntegerField(null=True, blank=True)
     rounds = models.PositiveIntegerField(default=1)
-    codec = models.CharField(max_length=16, default="none")
-    seed = models.PositiveIntegerField(default=0)
     on_failure = models.CharField(max_length=8, choices=OnFailure.choices, default=OnFailure.RETRY)
     max_retries = models.PositiveSmallIntegerField(default=2)
 
@@ -90,33 +77,14 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"job {self.pk} ({self.model_name}, {self.state})"
 
+    def job_description(self) -> JobDescription:
+        """The stored description, checked (:class:`JobDescriptionError` if it is not one
+        this code reads)."""
+        return JobDescription.from_json(self.description)
+
     def training_config(self) -> TrainingConfig:
         """The medsplit configuration workers and agents train this job with."""
-        return TrainingConfig(
-            cuts=tuple(self.cuts),
-            mode=self.mode,
-            client_optimizer=optimizer_config(self.client_optimizer),
-            server_optimizer=optimizer_config(self.server_optimizer),
-            batch_size=self.batch_size,
-            local_epochs=self.local_epochs,
-            max_steps_per_turn=self.max_steps_per_turn,
-            rounds=self.rounds,
-            codec=self.codec,
-            seed=self.seed,
-            job=f"job-{self.pk}",
-        )
-
-
-def optimizer_config(stored: dict) -> OptimizerConfig:
-    """An :class:`OptimizerConfig` from its stored JSON (betas come back as a list)."""
-    return OptimizerConfig.from_json(stored)
-
-
-def optimizer_json(config: OptimizerConfig) -> dict:
-    """The JSON stored for ``config``: every field, betas as a list."""
-    values = asdict(config)
-    values["betas"] = list(values["betas"])
-    return values
+        return self.job_description().training_config(f"job-{self.pk}")
 
 
 class JobParticipant(models.Model):

@@ -25,6 +25,8 @@ from kernel.permissions import (
 from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
 from medsplit.modes import MODES
+from medsplit.protocol.optim import describe_optimizers
+from medsplit.wire.codecs import describe_codecs
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import model_cut_table, parse_input_shape
@@ -278,6 +280,19 @@ def registry_modes(*, actor: Actor) -> list[dict[str, Any]]:
     """The split-learning modes jobs can use, as each describes itself, for the job form."""
     _require_reader(actor)
     return [mode.describe().to_json() for mode in MODES.values()]
+
+
+def registry_codecs(*, actor: Actor) -> list[dict[str, Any]]:
+    """The wire codecs a job can use (name, whether exact, one line), for the job form."""
+    _require_reader(actor)
+    return describe_codecs()
+
+
+def registry_optimizers(*, actor: Actor) -> dict[str, Any]:
+    """The optimizers and schedules a job's parties can use, with their options and
+    defaults, for the job form."""
+    _require_reader(actor)
+    return describe_optimizers()
 
 
 def registry_model_cuts(

@@ -86,23 +86,13 @@ def job_create(*, actor: Actor, data: Mapping[str, Any]) -> Job:
     spec = job_spec_validate(data=data)  # before the transaction: it may take a second
     with transaction.atomic():
         now = timezone.now()
+        described = spec.description
         job = Job.objects.create(
             name=spec.name,
-            model_name=spec.model_name,
-            spatial_dims=spec.spatial_dims,
-            in_channels=spec.in_channels,
-            num_classes=spec.num_classes,
-            input_shape=list(spec.input_shape),
-            mode=spec.mode,
-            cuts=list(spec.cuts),
-            client_optimizer=spec.client_optimizer,
-            server_optimizer=spec.server_optimizer,
-            batch_size=spec.batch_size,
-            local_epochs=spec.local_epochs,
-            max_steps_per_turn=spec.max_steps_per_turn,
-            rounds=spec.rounds,
-            codec=spec.codec,
-            seed=spec.seed,
+            description=described.to_json(),
+            model_name=described.model,
+            mode=described.mode,
+            rounds=described.rounds,
             on_failure=spec.on_failure,
             max_retries=spec.max_retries,
             state=JobState.DRAFT,
@@ -118,10 +108,10 @@ def job_create(*, actor: Actor, data: Mapping[str, Any]) -> Job:
             "job.created",
             job,
             details={
-                "model": spec.model_name,
-                "mode": spec.mode,
-                "cuts": list(spec.cuts),
-                "rounds": spec.rounds,
+                "model": described.model,
+                "mode": described.mode,
+                "cuts": list(described.cuts),
+                "rounds": described.rounds,
                 "participants": [h.slug for h, _ in spec.participants],
             },
         )
@@ -430,7 +420,7 @@ def turn_record_progress(
             setattr(locked, name, max(getattr(locked, name), value))
         locked.last_loss = loss_value
         locked.save(update_fields=[*counters, "last_loss"])
-        cap = locked.job.max_steps_per_turn
+        cap = locked.job.job_description().max_steps_per_turn
         is_final = final or (cap is not None and steps >= cap)
         return _metric_point_maybe(turn=locked, at=at, final=is_final)
 

@@ -3,8 +3,11 @@
 :func:`job_spec_validate` checks everything a job names, server-side, and raises one
 :class:`~kernel.errors.InvalidInput` whose ``details`` map each wrong field to all
 of its reasons, so a form can show every problem at once. Syntax (types, ranges, unknown
-fields) is checked by a DRF serializer; meaning (the model exists, the cuts exist and fit
-the participants' reported data, the optimizers are valid...) by medsplit itself.
+fields) is checked by a DRF serializer; the job description's rules (the model exists,
+the mode and its number of cuts, the optimizers, the codec...) by medsplit's
+:class:`~medsplit.training.description.JobDescription`, in one place; what needs the
+database (the participants, their data, the cuts against the cut table at their shape)
+here.
 
 Building a model and tracing it costs seconds (DenseNet121: about 2 s at 1x64x64, 3.5 s
 at 1x512x512, 25 s and +0.8 GB at 1x1448x1448), so the results are cached per (model,
@@ -19,7 +22,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -33,12 +36,11 @@ from hospitals.models import Hospital
 from kernel.errors import InvalidInput, NotFound, TooManyRequests
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
-from medsplit.errors import ConfigError, CutError, UnknownModeError, UnknownModelError
+from medsplit.errors import ConfigError, CutError, UnknownModelError
 from medsplit.models.registry import ModelSpec, build_model, get_model_spec
-from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
-from medsplit.protocol.optim import OptimizerConfig
-from medsplit.wire.codecs import CODECS
-from training.models import OnFailure, optimizer_json
+from medsplit.modes import DEFAULT_MODE, MODES, SplitMode
+from medsplit.training.description import FORMAT, JobDescription
+from training.models import OnFailure
 
 #: Largest input one sample may have when the coordinator traces a model for it.
 MAX_INPUT_VALUES = 2**21
@@ -130,24 +132,11 @@ class JobInput(serializers.Serializer):
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job's configuration after validation: normalised and ready to store."""
+    """A job after validation: its description (medsplit's, checked) and what only the
+    coordinator keeps (its name, failure policy and participants), ready to store."""
 
     name: str
-    model_name: str
-    spatial_dims: int
-    in_channels: int
-    num_classes: int
-    input_shape: tuple[int, ...]
-    mode: str
-    cuts: tuple[str, ...]
-    client_optimizer: dict
-    server_optimizer: dict
-    batch_size: int
-    local_epochs: int
-    max_steps_per_turn: int | None
-    rounds: int
-    codec: str
-    seed: int
+    description: JobDescription
     on_failure: str
     max_retries: int
     participants: tuple[tuple[Hospital, str], ...]  # (hospital, feature set), in turn order
@@ -166,8 +155,30 @@ class _Errors:
         return field in self.by_field
 
 
+#: The request's fields that are the description's too, by the same name.
+_DESCRIBED = (
+    "model",
+    "num_classes",
+    "mode",
+    "cuts",
+    "client_optimizer",
+    "server_optimizer",
+    "batch_size",
+    "local_epochs",
+    "max_steps_per_turn",
+    "rounds",
+    "codec",
+    "seed",
+)
+
+
 def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
     """Check a job's configuration and return it normalised.
+
+    The description's own rules (the mode and its cuts, the optimizers, the codec...) are
+    medsplit's (:class:`~medsplit.training.description.JobDescription`); this adds what
+    needs the database: the participants, the shape of their data, their labels, and the
+    cuts against the model's cut table at that shape.
 
     Args:
         data: the request body of ``POST /api/jobs/`` (see :class:`JobInput`).
@@ -194,40 +205,29 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
     # Fields that failed their syntax check are left out of the checks of meaning.
     values = {k: v for k, v in _values(syntax, data).items() if k not in errors}
 
-    mode = _check_mode(values, errors)
-    spec = _check_model(values, errors)
-    _check_codec(values, errors)
-    optimizers = {
-        side: _check_optimizer(values, side, errors)
-        for side in ("client_optimizer", "server_optimizer")
-    }
+    # The mode, for the participants' feature sets; the description names an unknown one.
+    mode = MODES.get(values.get("mode", ""))
     participants = _check_participants(values, mode, errors)
     shape = _common_shape(participants, errors) if participants else None
     spatial_dims, in_channels = _check_dims(values, shape, errors)
     _check_labels(values, participants or (), errors)
-    cuts = _check_cuts(values, mode, spec, shape, spatial_dims, in_channels, errors)
+    described = {name: values[name] for name in _DESCRIBED if name in values}
+    if shape is not None:
+        described.update(input_shape=list(shape), spatial_dims=spatial_dims)
+        described.update(in_channels=in_channels)
+    for field, reasons in JobDescription.problems(described, partial=True).items():
+        for reason in reasons:
+            errors.add(field, reason)
+    spec = None if "model" in errors or "model" not in values else get_model_spec(values["model"])
+    _check_cuts(values, spec, shape, spatial_dims, in_channels, errors)
 
     if errors.by_field:
         fields_named = ", ".join(sorted(errors.by_field))
         raise InvalidInput(f"the job is not valid: see {fields_named}", details=errors.by_field)
-    assert spec is not None and shape is not None and participants is not None
+    assert participants is not None
     return JobSpec(
         name=values["name"],
-        model_name=spec.name,
-        spatial_dims=spatial_dims,
-        in_channels=in_channels,
-        num_classes=values["num_classes"],
-        input_shape=shape,
-        mode=mode.name,
-        cuts=cuts,
-        client_optimizer=optimizer_json(optimizers["client_optimizer"]),
-        server_optimizer=optimizer_json(optimizers["server_optimizer"]),
-        batch_size=values["batch_size"],
-        local_epochs=values["local_epochs"],
-        max_steps_per_turn=values["max_steps_per_turn"],
-        rounds=values["rounds"],
-        codec=values["codec"],
-        seed=values["seed"],
+        description=JobDescription.from_json({"version": FORMAT, **described}),
         on_failure=values["on_failure"],
         max_retries=values["max_retries"],
         participants=tuple((p.hospital, p.feature_set) for p in participants),
@@ -263,77 +263,6 @@ def _flatten(problems: Any, prefix: str = "") -> list[str]:
             r for i, p in enumerate(problems, 1) if p for r in _flatten(p, f"{prefix}item {i}: ")
         ]
     return [f"{prefix}{problems}"]
-
-
-def _check_mode(values: dict[str, Any], errors: _Errors) -> SplitMode | None:
-    if "mode" not in values:
-        return None
-    try:
-        return get_mode(values["mode"])
-    except UnknownModeError as e:
-        errors.add("mode", str(e))
-        return None
-
-
-def _check_model(values: dict[str, Any], errors: _Errors) -> ModelSpec | None:
-    if "model" not in values:
-        return None
-    try:
-        return get_model_spec(values["model"])
-    except UnknownModelError as e:
-        errors.add("model", str(e))
-        return None
-
-
-def _check_codec(values: dict[str, Any], errors: _Errors) -> None:
-    if "codec" in values and values["codec"] not in CODECS:
-        errors.add("codec", f"unknown codec {values['codec']!r}; known codecs: {', '.join(CODECS)}")
-
-
-_OPTIMIZER_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "lr": (int, float),
-    "momentum": (int, float),
-    "weight_decay": (int, float),
-    "betas": (list,),
-    "schedule": (str,),
-    "step_size": (int,),
-    "gamma": (int, float),
-    "total_steps": (int,),
-}
-
-
-def _check_optimizer(values: dict[str, Any], side: str, errors: _Errors) -> OptimizerConfig | None:
-    """An OptimizerConfig from JSON; medsplit's ConfigError message is the reason."""
-    if side not in values:
-        return None
-    raw = values[side]
-    known = {f.name for f in fields(OptimizerConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        errors.add(side, f"unknown option(s) {unknown}; options: {', '.join(sorted(known))}")
-        return None
-    for key, value in raw.items():
-        wrong_type = isinstance(value, bool) or not isinstance(value, _OPTIMIZER_TYPES[key])
-        if wrong_type or (isinstance(value, float) and not math.isfinite(value)):
-            errors.add(side, f"{key} has the wrong type or value: {value!r}")
-            return None
-    args = dict(raw)
-    if "betas" in args:
-        betas = args["betas"]
-        if len(betas) != 2 or not all(_is_number(b) for b in betas):
-            errors.add(side, f"betas must be two numbers in [0, 1), got {betas!r}")
-            return None
-        args["betas"] = tuple(betas)
-    try:
-        return OptimizerConfig(**args)
-    except ConfigError as e:
-        errors.add(side, str(e))
-        return None
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -482,19 +411,17 @@ def _check_labels(
 
 def _check_cuts(
     values: dict[str, Any],
-    mode: SplitMode | None,
     spec: ModelSpec | None,
     shape: tuple[int, ...] | None,
     spatial_dims: int | None,
     in_channels: int | None,
     errors: _Errors,
 ) -> tuple[str, ...]:
-    """The cuts exist in the model's cut table, suit the mode, and split the model."""
+    """The cuts exist in the model's cut table and split the model (their number for the
+    mode is the description's rule)."""
     if "cuts" not in values:
         return ()
     cuts = tuple(values["cuts"])
-    if mode is not None and len(cuts) != mode.cuts:
-        errors.add("cuts", mode.cut_count_problem(cuts))
     if spec is None or "num_classes" not in values or "spatial_dims" in errors:
         return cuts
     num_classes = values["num_classes"]

@@ -103,16 +103,18 @@ def test_create_a_job_from_the_form(open_page, consortium_admin, three_hospitals
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job_id = int(page.url.rsplit("/", 1)[1])
     job = Job.objects.get(pk=job_id)
-    assert job.model_name == "small_cnn" and job.cuts == ["pool1"]
+    assert job.model_name == "small_cnn" and job.description["cuts"] == ["pool1"]
     order = [p.hospital.slug for p in job.participants.order_by("position")]
     assert order == [slug for slug in shown if slug in order]
     assert set(order) == {h.slug for h in three_hospitals}
 
 
-def test_the_form_takes_its_modes_from_the_registry(
+def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
     open_page, consortium_admin, three_hospitals
 ) -> None:
-    """The mode choices, their help and how many cuts each takes come from GET /api/modes/."""
+    """The mode choices, their help and how many cuts each takes come from GET /api/modes/;
+    the codecs from GET /api/codecs/, the optimizers and their options from
+    GET /api/optimizers/."""
     page = open_page()
     sign_in(page, consortium_admin.username)
     page.goto("/#/jobs/new")
@@ -122,6 +124,19 @@ def test_the_form_takes_its_modes_from_the_registry(
     mode = form.locator("select[name=mode]")
     options = mode.locator("option").evaluate_all("nodes => nodes.map(n => [n.value, n.text])")
     assert options == [["vanilla", "Vanilla"], ["ushaped", "U-shaped"]]
+    codecs = form.locator("select[name=codec] option")
+    assert codecs.evaluate_all("nodes => nodes.map(n => [n.value, n.text])") == [
+        ["none", "none (exact)"],
+        ["fp16", "fp16"],
+        ["bf16", "bf16"],
+        ["int8", "int8"],
+    ]
+    client = form.locator("select[name=client_opt_name]")
+    names = client.locator("option").evaluate_all("nodes => nodes.map(n => n.value)")
+    assert names == ["sgd", "adam", "adamw"]
+    expect(form.locator("input[name=client_opt_momentum]")).to_be_visible()
+    client.select_option("adam")  # Adam reads no momentum: its field goes
+    expect(form.locator("input[name=client_opt_momentum]")).to_be_hidden()
     for hospital in three_hospitals:
         page.get_by_test_id(f"participant-{hospital.slug}").check()
     page.get_by_test_id("cut-pool1").wait_for(timeout=60_000)
@@ -136,7 +151,8 @@ def test_the_form_takes_its_modes_from_the_registry(
     page.get_by_test_id("create-job").click()
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
-    assert job.mode == "ushaped" and job.cuts == ["pool1", "pool"]
+    assert job.mode == "ushaped" and job.description["cuts"] == ["pool1", "pool"]
+    assert job.description["client_optimizer"]["name"] == "adam"
 
 
 def test_the_job_page_follows_a_running_job(

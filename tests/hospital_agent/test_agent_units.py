@@ -304,9 +304,52 @@ def test_a_turn_in_a_mode_this_agent_was_not_configured_with_is_refused_saying_s
 
     taker = object.__new__(TurnTaker)  # nothing else of it is reached
     taker.coordinator = Coordinator()
-    assignment = Assignment({"job": 3, "mode": "elsewhere", "turn": {"id": 8, "round": 0}})
+    described = {"version": 1, "mode": "elsewhere"}
+    assignment = Assignment({"job": 3, "description": described, "turn": {"id": 8, "round": 0}})
     assert taker.take(assignment) is None
     ((job, turn, reason),) = Coordinator.reasons
     assert (job, turn) == (3, 8)
     assert "unknown mode 'elsewhere'" in reason
     assert "extra_modes (MEDSPLIT_AGENT_EXTRA_MODES)" in reason
+
+
+def test_a_job_description_of_another_version_is_refused_saying_so() -> None:
+    """An assignment whose description this agent does not read fails the turn, naming
+    the version, before anything is built."""
+    from hospital_agent.turns import TurnTaker
+
+    class Coordinator:
+        reasons: ClassVar[list[tuple[int, int, str]]] = []
+
+        def report_problem(self, *, job: int, turn: int, reason: str) -> dict:
+            self.reasons.append((job, turn, reason))
+            return {}
+
+    taker = object.__new__(TurnTaker)  # nothing else of it is reached
+    taker.coordinator = Coordinator()
+    described = {"version": 2, "mode": "vanilla", "layers": 12}
+    assignment = Assignment({"job": 4, "description": described, "turn": {"id": 9, "round": 0}})
+    assert taker.take(assignment) is None
+    ((job, turn, reason),) = Coordinator.reasons
+    assert (job, turn) == (4, 9)
+    assert "version: version 2 is not one this party reads (it reads 1)" in reason
+
+
+def test_the_agent_builds_its_model_and_config_from_the_description() -> None:
+    from medsplit.training.description import JobDescription
+
+    described = JobDescription(
+        model="small_cnn",
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=3,
+        input_shape=(1, 28, 28),
+        cuts=("pool1",),
+        batch_size=8,
+        seed=5,
+    )
+    assignment = Assignment({"job": 7, "description": described.to_json()})
+    assert assignment.description() == described
+    assert assignment.config() == described.training_config("job-7")
+    assert assignment.model() == described.job_model()
+    assert assignment.mode == "vanilla"

@@ -327,3 +327,17 @@ def test_part_keys_are_reserved() -> None:
     assert part_key("x", DATA_PART) == "x"
     assert part_key("x", "scale").startswith("__")
     assert part_key("a/b", "scale") != part_key("a", "scale")
+
+
+def test_each_codec_describes_itself_and_only_none_is_exact() -> None:
+    from medsplit.wire.codecs import describe_codecs
+
+    described = describe_codecs()
+    assert [c["name"] for c in described] == list(CODECS)
+    assert {c["name"]: c["exact"] for c in described} == {
+        "none": True,
+        "fp16": False,
+        "bf16": False,
+        "int8": False,
+    }
+    assert all(c["summary"] and "\n" not in c["summary"] for c in described)

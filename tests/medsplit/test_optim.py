@@ -73,3 +73,23 @@ def test_bad_training_settings_name_the_argument(kwargs: dict, names: str) -> No
 def test_a_single_cut_may_be_given_as_a_string() -> None:
     config = TrainingConfig(cuts="layer1", mode="vanilla")  # type: ignore[arg-type]
     assert config.cuts == ("layer1",) and config.mode == "vanilla"
+
+
+def test_the_description_of_the_optimizers_covers_each_and_its_defaults() -> None:
+    from medsplit.protocol.optim import OPTIMIZERS, SCHEDULES, describe_optimizers
+
+    described = describe_optimizers()
+    assert [o["name"] for o in described["optimizers"]] == list(OPTIMIZERS)
+    assert [s["name"] for s in described["schedules"]] == list(SCHEDULES)
+    sgd = {o["name"]: o for o in described["optimizers"][0]["options"]}
+    assert sgd["lr"] == {
+        "name": "lr",
+        "type": "float",
+        "default": 0.01,
+        "help": "learning rate, > 0",
+    }
+    assert "momentum" in sgd and "betas" not in sgd
+    adam = {o["name"]: o for o in described["optimizers"][1]["options"]}
+    assert adam["betas"]["default"] == [0.9, 0.999] and adam["betas"]["type"] == "list"
+    assert described["defaults"] == OptimizerConfig().to_json()
+    assert OptimizerConfig.from_json(described["defaults"]) == OptimizerConfig()

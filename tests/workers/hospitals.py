@@ -44,9 +44,10 @@ def report_sizes(job: Job, train: list[Split], val: list[Split | None]) -> None:
 
 def local_data(job: Job, samples: int) -> list[Split]:
     """Each participant's own synthetic images, of the job's input shape."""
-    shape = tuple(job.input_shape)
+    described = job.job_description()
+    shape = described.input_shape
     return [
-        synthetic_split(samples, shape=shape, num_classes=job.num_classes, seed=100 + i)
+        synthetic_split(samples, shape=shape, num_classes=described.num_classes, seed=100 + i)
         for i in range(job.participants.count())
     ]
 
@@ -121,7 +122,7 @@ class Hospitals:
             reply_timeout=self.reply_timeout,
             limits=turn_limits(
                 config,
-                num_classes=self.job.num_classes,
+                num_classes=self.job.job_description().num_classes,
                 train=len(train),
                 val=len(val) if val is not None else 0,
             ),

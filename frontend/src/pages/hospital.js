@@ -302,7 +302,7 @@ function tokenTable(tokens) {
 // every image as it is read, which changes what the model sees (and its accuracy); say so.
 function resizeNote(job, summary) {
   const theirs = summary?.image_shape;
-  const wanted = job.input_shape;
+  const wanted = job.description?.input_shape;
   if (!Array.isArray(theirs) || !Array.isArray(wanted) || !theirs.length) return null;
   if (theirs.length === wanted.length && theirs.every((n, i) => n === wanted[i])) return null;
   return el(

@@ -4,6 +4,8 @@
 //
 // Reads: GET /api/models/ (the registry), GET /api/modes/ (the split-learning modes as
 // each describes itself: the mode choices, their help and how many cuts each takes),
+// GET /api/codecs/ (the codec choices, which is exact, a line each), GET /api/optimizers/
+// (the optimizer choices and the options each reads, with their defaults),
 // GET /api/hospitals/?status=enrolled (who may take part, with the shape of the data
 // they reported) and
 // GET /api/models/<name>/cuts/?input_shape=c,h,w (the cut table at the participants'
@@ -13,18 +15,13 @@ import { api, apiAll } from "../api.js";
 import { isConsortiumAdmin } from "../app.js";
 import { badge, bytes, el, field, showErrors, toast } from "../ui.js";
 
-const CODECS = [
-  ["none", "none (float32)"],
-  ["fp16", "fp16"],
-  ["bf16", "bf16"],
-  ["int8", "int8"],
-];
 const ON_FAILURE = [
   ["retry", "retry the turn (up to the retries below), then fail the job"],
   ["skip", "skip the turn and go on with the next hospital"],
   ["fail", "fail the job at once"],
 ];
-const OPTIMIZERS = ["sgd", "adam", "adamw"];
+// How the form labels an optimizer's options; one the coordinator adds later shows its name.
+const OPTION_LABELS = { lr: "Learning rate", momentum: "Momentum", weight_decay: "Weight decay" };
 
 const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
 const whole = new Intl.NumberFormat();
@@ -126,49 +123,52 @@ function classesNeeded(chosen) {
   return needed;
 }
 
-function optimizerGroup(side, title, defaults) {
+/** The options of an optimizer (a GET /api/optimizers/ entry) a number field takes. */
+function numberOptions(kind) {
+  return (kind?.options || []).filter((o) => o.type === "int" || o.type === "float");
+}
+
+/** The fields of one party's optimizer, built from ``catalogue`` (GET /api/optimizers/):
+ * its choices, and a number field for each option, shown for the optimizers that read it.
+ * ``defaults`` are this form's starting values; an option it does not name starts at the
+ * coordinator's default. */
+function optimizerGroup(side, title, catalogue, defaults) {
   const prefix = side === "client_optimizer" ? "client" : "server";
-  const name = select(`${prefix}_opt_name`, OPTIMIZERS.map((o) => [o, o]), defaults.name);
-  const lr = numberInput(`${prefix}_opt_lr`, defaults.lr, { min: "0", step: "any" });
-  const momentum = numberInput(`${prefix}_opt_momentum`, defaults.momentum, {
-    min: "0",
-    max: "0.999",
-    step: "any",
-  });
-  const weightDecay = numberInput(`${prefix}_opt_weight_decay`, defaults.weight_decay, {
-    min: "0",
-    step: "any",
-  });
-  const momentumField = field("Momentum", momentum, "SGD only, in [0, 1)");
+  const kinds = catalogue.optimizers;
+  const name = select(`${prefix}_opt_name`, kinds.map((k) => [k.name, k.title]), defaults.name);
+  const inputs = new Map();
+  for (const kind of kinds) {
+    for (const option of numberOptions(kind)) {
+      if (inputs.has(option.name)) continue;
+      const input = numberInput(`${prefix}_opt_${option.name}`, defaults[option.name] ?? option.default, {
+        min: "0",
+        step: option.type === "int" ? "1" : "any",
+      });
+      const label = OPTION_LABELS[option.name] || option.name.replaceAll("_", " ");
+      inputs.set(option.name, { input, box: field(label, input, option.help) });
+    }
+  }
+  const reads = () => new Set(numberOptions(kinds.find((k) => k.name === name.value)).map((o) => o.name));
   const sync = () => {
-    const sgd = name.value === "sgd";
-    momentum.disabled = !sgd;
-    momentumField.hidden = !sgd;
+    const used = reads();
+    for (const [option, { input, box }] of inputs) {
+      input.disabled = !used.has(option);
+      box.hidden = !used.has(option);
+    }
   };
   name.addEventListener("change", sync);
   sync();
   const node = group(
     side,
     title,
-    el(
-      "div",
-      { class: "row" },
-      field("Optimizer", name),
-      field("Learning rate", lr, "> 0"),
-      momentumField,
-      field("Weight decay", weightDecay, ">= 0"),
-    ),
+    el("div", { class: "row" }, field("Optimizer", name), ...[...inputs.values()].map((i) => i.box)),
   );
   const value = () => {
     const config = { name: name.value };
-    const rate = numberOf(lr);
-    if (rate !== undefined) config.lr = rate;
-    if (name.value === "sgd") {
-      const m = numberOf(momentum);
-      if (m !== undefined) config.momentum = m;
+    for (const option of reads()) {
+      const number = numberOf(inputs.get(option).input);
+      if (number !== undefined) config[option] = number;
     }
-    const wd = numberOf(weightDecay);
-    if (wd !== undefined) config.weight_decay = wd;
     return config;
   };
   return { node, value };
@@ -184,9 +184,11 @@ export async function render(root) {
     return null;
   }
 
-  const [models, modes, hospitalsRaw] = await Promise.all([
+  const [models, modes, codecs, optimizers, hospitalsRaw] = await Promise.all([
     api("models/"),
     api("modes/"),
+    api("codecs/"),
+    api("optimizers/"),
     apiAll("hospitals/", { status: "enrolled", page_size: 500 }),
   ]);
   const hospitals = (hospitalsRaw || []).filter((h) => h.status === "enrolled");
@@ -248,13 +250,13 @@ export async function render(root) {
   const cutHelp = el("p", { class: "help", id: "cuts-help" });
   const cuts = group("cuts", "Cut point", cutHelp, cutTableBox);
 
-  const client = optimizerGroup("client_optimizer", "Client optimizer (at the hospitals)", {
+  const client = optimizerGroup("client_optimizer", "Client optimizer (at the hospitals)", optimizers, {
     name: "sgd",
     lr: 0.05,
     momentum: 0.9,
     weight_decay: 0,
   });
-  const server = optimizerGroup("server_optimizer", "Server optimizer (at the coordinator)", {
+  const server = optimizerGroup("server_optimizer", "Server optimizer (at the coordinator)", optimizers, {
     name: "adam",
     lr: 0.001,
     momentum: 0,
@@ -265,7 +267,18 @@ export async function render(root) {
   const localEpochs = numberInput("local_epochs", 1, { min: "1", max: "100" });
   const maxSteps = numberInput("max_steps_per_turn", "", { min: "1", max: "1000000", placeholder: "no limit" });
   const rounds = numberInput("rounds", 1, { min: "1", max: "1000" });
-  const codec = select("codec", CODECS, "none");
+  // The codecs as the coordinator lists them; an exact one (training stays exact) first chosen.
+  const codec = select(
+    "codec",
+    codecs.map((c) => [c.name, c.exact ? `${c.name} (exact)` : c.name]),
+    (codecs.find((c) => c.exact) || codecs[0])?.name,
+  );
+  const codecHelp = el("p", { class: "help", "aria-live": "polite" });
+  const syncCodec = () => {
+    codecHelp.textContent = codecs.find((c) => c.name === codec.value)?.summary || "";
+  };
+  codec.addEventListener("change", syncCodec);
+  syncCodec();
   const seed = numberInput("seed", 0, { min: "0", max: String(2 ** 31 - 1) });
   const onFailure = select("on_failure", ON_FAILURE, "retry");
   const maxRetries = numberInput("max_retries", 2, { min: "0", max: "10" });
@@ -311,7 +324,7 @@ export async function render(root) {
         field("Local epochs", localEpochs, "passes over a hospital's data per turn, 1 to 100"),
         field("Max steps per turn", maxSteps, "blank: no limit"),
         field("Rounds", rounds, "every hospital takes one turn per round, 1 to 1000"),
-        field("Codec", codec, "how activations and gradients cross the network"),
+        el("div", {}, field("Codec", codec, "how activations and gradients cross the network"), codecHelp),
         field("Seed", seed, "0 to 2147483647"),
       ),
     ),

@@ -384,12 +384,14 @@ export async function render(root, [id], session) {
   }
 
   function drawConfig() {
+    // What it trains and how: the job's description (medsplit's JobDescription, as stored).
+    const d = job.description || {};
     const rows = [
       ["Model", job.model],
       ["Mode", job.mode],
-      ["Cut(s)", (job.cuts || []).join(", ")],
-      ["Input shape", job.input_shape?.length ? `[${job.input_shape.join(", ")}]` : "–"],
-      ["Classes", job.num_classes],
+      ["Cut(s)", (d.cuts || []).join(", ")],
+      ["Input shape", d.input_shape?.length ? `[${d.input_shape.join(", ")}]` : "–"],
+      ["Classes", d.num_classes],
       [
         "Participants, in turn order",
         el(
@@ -401,13 +403,13 @@ export async function render(root, [id], session) {
         ),
       ],
       ["Rounds", job.rounds],
-      ["Batch size", job.batch_size],
-      ["Local epochs", job.local_epochs],
-      ["Max steps per turn", job.max_steps_per_turn ?? "no limit"],
-      ["Client optimizer", optimizerText(job.client_optimizer)],
-      ["Server optimizer", optimizerText(job.server_optimizer)],
-      ["Codec", job.codec],
-      ["Seed", job.seed],
+      ["Batch size", d.batch_size],
+      ["Local epochs", d.local_epochs],
+      ["Max steps per turn", d.max_steps_per_turn ?? "no limit"],
+      ["Client optimizer", optimizerText(d.client_optimizer)],
+      ["Server optimizer", optimizerText(d.server_optimizer)],
+      ["Codec", d.codec],
+      ["Seed", d.seed],
       ["On failure", job.on_failure === "retry" ? `retry (up to ${job.max_retries} times)` : job.on_failure],
       ["Created", `${job.created_at ? new Date(job.created_at).toLocaleString() : "–"}${job.created_by ? ` by ${job.created_by}` : ""}`],
       ["Started", job.started_at ? new Date(job.started_at).toLocaleString() : "not yet"],
@@ -469,14 +471,14 @@ export async function render(root, [id], session) {
     if (TERMINAL.has(state)) {
       left = "–";
       leftSub = `the job is ${state}`;
-    } else if (!job.max_steps_per_turn || !places) {
+    } else if (!job.description?.max_steps_per_turn || !places) {
       leftSub = "no step limit per turn, so the remaining steps are not known";
     } else {
       const done = new Set(
         turns.filter((t) => t.status === "completed" || t.status === "skipped").map((t) => `${t.round}:${t.position}`),
       );
       const inFlight = turn && turn.status === "running" && !done.has(`${round}:${turn.position}`) ? turn.steps ?? 0 : 0;
-      const remaining = Math.max(0, (places - done.size) * job.max_steps_per_turn - inFlight);
+      const remaining = Math.max(0, (places - done.size) * job.description?.max_steps_per_turn - inFlight);
       if (remaining === 0) {
         left = "0 s";
       } else if (rate) {

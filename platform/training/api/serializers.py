@@ -5,6 +5,8 @@ Input is checked by :mod:`training.validation` (a job) or by the views' small pa
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -13,6 +15,7 @@ from kernel.actors import Actor
 from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
+from medsplit.training.description import FORMAT, JobDescription
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.plan import job_result, turn_start
 from training.states import JobState
@@ -75,8 +78,43 @@ class ParticipantSerializer(_ShownInPartToOthers, serializers.ModelSerializer):
         fields = ["position", "hospital", "hospital_name", "feature_set"]
 
 
+_OPTION_FIELDS = {
+    "str": lambda: serializers.CharField(),
+    "int": lambda: serializers.IntegerField(),
+    "int | None": lambda: serializers.IntegerField(allow_null=True),
+    "tuple[int, ...]": lambda: serializers.ListField(child=serializers.IntegerField()),
+    "tuple[str, ...]": lambda: serializers.ListField(child=serializers.CharField()),
+}
+
+
+def _description_serializer() -> type[serializers.Serializer]:
+    """The schema of medsplit's JobDescription JSON form, made from the dataclass's own
+    fields so that the contract is written down once (medsplit/training/description.py)."""
+    attrs: dict[str, serializers.Field] = {}
+    for f in dataclasses.fields(JobDescription):
+        make = _OPTION_FIELDS.get(str(f.type), lambda: serializers.DictField())
+        attrs[f.name] = make()
+    attrs["version"] = serializers.IntegerField(
+        help_text=f"the JSON form's version ({FORMAT}); a party refuses one it does not read"
+    )
+    attrs["__doc__"] = (
+        "What a job trains and how (medsplit.training.description.JobDescription), "
+        "as stored and as workers and agents read it."
+    )
+    return type("JobDescriptionSerializer", (serializers.Serializer,), attrs)
+
+
+JobDescriptionSerializer = _description_serializer()
+
+
+@extend_schema_field(JobDescriptionSerializer)
+class DescriptionField(serializers.JSONField):
+    """A job's description, served as stored."""
+
+
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_name")
+    description = DescriptionField(read_only=True)
     created_by = serializers.SerializerMethodField()
     participants = ParticipantSerializer(many=True, read_only=True)
 
@@ -89,20 +127,9 @@ class JobSerializer(serializers.ModelSerializer):
             "state_reason",
             "state_changed_at",
             "model",
-            "spatial_dims",
-            "in_channels",
-            "num_classes",
-            "input_shape",
             "mode",
-            "cuts",
-            "client_optimizer",
-            "server_optimizer",
-            "batch_size",
-            "local_epochs",
-            "max_steps_per_turn",
             "rounds",
-            "codec",
-            "seed",
+            "description",
             "on_failure",
             "max_retries",
             "participants",
@@ -287,7 +314,11 @@ class AssignmentSerializer(serializers.ModelSerializer):
     other participants' public keys, and whose sealed weights to start from."""
 
     job = serializers.IntegerField(source="pk", read_only=True)
-    model = serializers.CharField(source="model_name", read_only=True)
+    description = DescriptionField(
+        read_only=True,
+        help_text="what the job trains and how: build the model and the "
+        "training settings from it (medsplit's JobDescription.from_json)",
+    )
     position = serializers.SerializerMethodField()
     feature_set = serializers.SerializerMethodField()
     participant_count = serializers.SerializerMethodField()
@@ -318,20 +349,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
         fields = [
             "job",
             "state",
-            "model",
-            "spatial_dims",
-            "in_channels",
-            "num_classes",
-            "input_shape",
-            "mode",
-            "cuts",
-            "client_optimizer",
-            "batch_size",
-            "local_epochs",
-            "max_steps_per_turn",
-            "rounds",
-            "codec",
-            "seed",
+            "description",
             "position",
             "feature_set",
             "participant_count",
@@ -455,6 +473,37 @@ class ModeSerializer(serializers.Serializer):
     )
     segments = ModeSegmentSerializer(many=True)
     options = ModeOptionSerializer(many=True)
+
+
+class CodecSerializer(serializers.Serializer):
+    """A wire codec as it describes itself (medsplit.wire.codecs.describe_codecs)."""
+
+    name = serializers.CharField(help_text="what a job's codec field takes")
+    exact = serializers.BooleanField(
+        help_text="every tensor crosses bit for bit: only then does training stay exact"
+    )
+    summary = serializers.CharField()
+
+
+class OptimizerOptionSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.ChoiceField(choices=["int", "float", "str", "list"])
+    default = serializers.JSONField()
+    help = serializers.CharField()
+
+
+class OptimizerKindSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    title = serializers.CharField()
+    options = OptimizerOptionSerializer(many=True, help_text="the options it reads")
+
+
+class OptimizersSerializer(serializers.Serializer):
+    """The optimizers and schedules (medsplit.protocol.optim.describe_optimizers)."""
+
+    optimizers = OptimizerKindSerializer(many=True, help_text="what an optimizer's name takes")
+    schedules = OptimizerKindSerializer(many=True, help_text="what its schedule takes")
+    defaults = serializers.DictField(help_text="an optimizer's every option when a job omits it")
 
 
 class CrossingTensorSerializer(serializers.Serializer):

@@ -7,6 +7,8 @@ from training.states import JobState
 
 urlpatterns = [
     path("modes/", views.ModeListView.as_view(), name="mode-list"),
+    path("codecs/", views.CodecListView.as_view(), name="codec-list"),
+    path("optimizers/", views.OptimizerListView.as_view(), name="optimizer-list"),
     path("models/", views.ModelListView.as_view(), name="model-list"),
     path("models/<str:name>/cuts/", views.ModelCutsView.as_view(), name="model-cuts"),
     path("jobs/", views.JobListCreateView.as_view(), name="job-list"),

@@ -26,12 +26,14 @@ from training.api.filters import JobFilter
 from training.api.long_poll import long_poll
 from training.api.serializers import (
     AssignmentSerializer,
+    CodecSerializer,
     CutTableSerializer,
     HandoffSerializer,
     JobSerializer,
     JobStatusSerializer,
     MetricPointSerializer,
     ModeSerializer,
+    OptimizersSerializer,
     RegistryModelSerializer,
     TransitionInputSerializer,
     TurnSerializer,
@@ -86,6 +88,26 @@ class ModeListView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(selectors.registry_modes(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class CodecListView(APIView):
+    @extend_schema(
+        summary="The wire codecs jobs can use",
+        responses=CodecSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_codecs(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class OptimizerListView(APIView):
+    @extend_schema(
+        summary="The optimizers and learning-rate schedules a job's parties can use",
+        responses=OptimizersSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_optimizers(actor=_actor(request)))
 
 
 @extend_schema(tags=["models"])

@@ -11,6 +11,9 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from medsplit.protocol.optim import OPTIMIZERS, SCHEDULES, OptimizerConfig
+from medsplit.training.description import JobDescription
+from medsplit.wire.codecs import CODECS
 from training import services
 from training.models import Job
 
@@ -110,6 +113,36 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
         assert [s["side"] for s in ushaped["segments"]] == ["hospital", "server", "hospital"]
 
 
+def test_codecs_list_the_registry_and_say_which_is_exact(admin, olga, hal) -> None:
+    for client in (admin, olga, hal):
+        response = client.get("/api/codecs/")
+        assert response.status_code == 200, response.content
+        codecs = response.json()
+        assert [c["name"] for c in codecs] == list(CODECS)
+        assert codecs[0] == {
+            "name": "none",
+            "exact": True,
+            "summary": "every tensor as it is, bit for bit: training stays exact",
+        }
+        assert [c["name"] for c in codecs if c["exact"]] == ["none"]
+    assert APIClient().get("/api/codecs/").status_code in (401, 403)
+
+
+def test_optimizers_list_each_with_its_options_and_defaults(admin, hal) -> None:
+    for client in (admin, hal):
+        response = client.get("/api/optimizers/")
+        assert response.status_code == 200, response.content
+        body = response.json()
+        assert [o["name"] for o in body["optimizers"]] == list(OPTIMIZERS)
+        assert [s["name"] for s in body["schedules"]] == list(SCHEDULES)
+        sgd = {o["name"]: o["default"] for o in body["optimizers"][0]["options"]}
+        assert sgd == {"lr": 0.01, "momentum": 0.0, "weight_decay": 0.0}
+        step = {o["name"] for o in body["schedules"][1]["options"]}
+        assert step == {"step_size", "gamma"}
+        assert OptimizerConfig.from_json(body["defaults"]) == OptimizerConfig()
+    assert APIClient().get("/api/optimizers/").status_code in (401, 403)
+
+
 def test_modes_show_a_mode_registered_later(admin, monkeypatch) -> None:
     from medsplit.modes import MODES
     from tests.medsplit.test_modes import TOY
@@ -161,7 +194,10 @@ def test_consortium_admin_creates_a_draft_job(admin, job_data, three_hospitals) 
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["state"] == "draft" and body["model"] == "small_cnn"
-    assert body["in_channels"] == 1 and body["input_shape"] == [1, 28, 28]
+    described = body["description"]
+    assert described["in_channels"] == 1 and described["input_shape"] == [1, 28, 28]
+    assert JobDescription.from_json(described) == Job.objects.get().job_description()
+    assert (body["mode"], body["rounds"]) == (described["mode"], described["rounds"])
     assert [p["hospital"] for p in body["participants"]] == [h.slug for h in three_hospitals]
     assert [p["position"] for p in body["participants"]] == [0, 1, 2]
     assert body["created_by"] == "ada"
@@ -220,7 +256,7 @@ def test_job_list_filters_and_pages(admin, jobs) -> None:
 def test_job_detail_and_cross_hospital_404(admin, hal, olga, nora, jobs) -> None:
     response = admin.get(f"/api/jobs/{jobs['bc'].pk}/")
     assert response.status_code == 200
-    assert response.json()["client_optimizer"]["momentum"] == 0.9
+    assert response.json()["description"]["client_optimizer"]["momentum"] == 0.9
     assert hal.get(f"/api/jobs/{jobs['ac'].pk}/").status_code == 200
     assert olga.get(f"/api/jobs/{jobs['bc'].pk}/").status_code == 200
     error(hal.get(f"/api/jobs/{jobs['bc'].pk}/"), 404, "not_found")
@@ -336,9 +372,12 @@ def test_agent_sees_only_its_scheduled_and_running_jobs(agent_client, hospital_a
     started(jobs["bc"])
     (assignment,) = agent.get("/api/agent/assignments/").json()
     assert assignment["job"] == jobs["ac"].pk and assignment["position"] == 0
-    assert assignment["participant_count"] == 2 and assignment["cuts"] == ["pool1"]
+    assert assignment["participant_count"] == 2
+    # The job's one description, as stored; no field of it is repeated beside it.
+    assert assignment["description"] == jobs["ac"].description
+    assert JobDescription.from_json(assignment["description"]).cuts == ("pool1",)
+    assert not {"cuts", "mode", "model", "seed", "client_optimizer"} & set(assignment)
     assert assignment["turn"]["status"] == "running" and assignment["turn"]["round"] == 0
-    assert "server_optimizer" not in assignment
     one = agent.get(f"/api/agent/assignments/{jobs['ac'].pk}/")
     assert one.status_code == 200 and one.json()["job"] == jobs["ac"].pk
     error(agent.get(f"/api/agent/assignments/{jobs['bc'].pk}/"), 404, "not_found")

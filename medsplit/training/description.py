@@ -1,0 +1,415 @@
+"""A job's description: what it trains and how, in one versioned, checked form.
+
+:class:`JobDescription` is the job's contract. The coordinator builds it from a new job's
+request, stores it (``Job.description``) and serves it (the job's detail, the agent's
+assignment); the worker and the agent read it back with :meth:`JobDescription.from_json`
+and build their model and :class:`~medsplit.training.config.TrainingConfig` from it. Its
+rules (the mode and its cuts, the options, the optimizers, the codec, the ranges) are
+checked here and nowhere else; the coordinator adds only what needs its database (the
+participants, their data, the cut table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from medsplit.errors import ConfigError, UnknownModeError, UnknownModelError
+from medsplit.models import get_model_spec
+from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.config import TrainingConfig
+from medsplit.training.setup import JobModel
+from medsplit.wire.codecs import CODECS
+
+#: The version of the JSON form this code writes and reads. A party refuses any other
+#: one rather than guess at it; a change of meaning, a field added or one taken away
+#: bumps it (and the coordinator's migration carries stored jobs over).
+FORMAT = 1
+
+#: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
+MAX_SEED = 2**31 - 1
+
+
+class JobDescriptionError(ConfigError):
+    """A job description that cannot be used.
+
+    Attributes:
+        problems: each wrong field's reasons, by the field's name in the JSON form.
+    """
+
+    def __init__(self, problems: Mapping[str, list[str]]) -> None:
+        self.problems = {name: list(reasons) for name, reasons in problems.items()}
+        listed = "; ".join(f"{name}: {' / '.join(r)}" for name, r in self.problems.items())
+        super().__init__(f"the job description is not valid: {listed}")
+
+
+@dataclass(frozen=True)
+class JobDescription:
+    """What a job trains and how.
+
+    Attributes:
+        model: a registry model's name (:mod:`medsplit.models`).
+        spatial_dims: 2 or 3.
+        in_channels: channels of an input.
+        num_classes: classes the model tells apart, at least 2.
+        input_shape: one input's (C, H, W[, D]), C being ``in_channels``.
+        cuts: submodule names to cut after, as many as the mode cuts.
+        mode: a registered mode's name (:mod:`medsplit.modes`).
+        mode_options: the mode's own settings (:meth:`SplitMode.options`), every one
+            present: those left out take their defaults.
+        client_optimizer: what trains the hospitals' segments.
+        server_optimizer: what trains the server's segment.
+        batch_size: samples per step.
+        local_epochs: passes over a hospital's data in one turn.
+        max_steps_per_turn: stop a turn after this many steps (``None``: no cap).
+        rounds: how many times every hospital takes a turn.
+        codec: the wire codec (:data:`medsplit.wire.codecs.CODECS`; ``none`` is exact).
+        seed: seeds the model's weights and every batch order.
+        version: the JSON form's version, :data:`FORMAT`.
+
+    Raises:
+        JobDescriptionError: every wrong field, with its reasons.
+    """
+
+    model: str
+    spatial_dims: int
+    in_channels: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    cuts: tuple[str, ...]
+    mode: str = DEFAULT_MODE
+    mode_options: Mapping[str, Any] = field(default_factory=dict)
+    client_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    server_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    batch_size: int = 32
+    local_epochs: int = 1
+    max_steps_per_turn: int | None = None
+    rounds: int = 1
+    codec: str = "none"
+    seed: int = 0
+    version: int = FORMAT
+
+    def __post_init__(self) -> None:
+        values = {name: getattr(self, name) for name in _FIELDS}
+        problems: dict[str, list[str]] = {}
+        normal = _check(values, problems, partial=False)
+        if problems:
+            raise JobDescriptionError(problems)
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+
+    # -- the JSON form ---------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form: every field, tuples as lists; :meth:`from_json` reads it back."""
+        return {
+            "version": self.version,
+            "model": self.model,
+            "spatial_dims": self.spatial_dims,
+            "in_channels": self.in_channels,
+            "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
+            "mode": self.mode,
+            "mode_options": dict(self.mode_options),
+            "cuts": list(self.cuts),
+            "client_optimizer": self.client_optimizer.to_json(),
+            "server_optimizer": self.server_optimizer.to_json(),
+            "batch_size": self.batch_size,
+            "local_epochs": self.local_epochs,
+            "max_steps_per_turn": self.max_steps_per_turn,
+            "rounds": self.rounds,
+            "codec": self.codec,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> JobDescription:
+        """A description from its JSON form, strictly: ``version`` and the model's fields
+        and ``cuts`` are required, the others default; no other key is accepted.
+
+        Raises:
+            JobDescriptionError: another version (nothing else is looked at then), an
+                unknown or missing field, a value of the wrong type or out of range;
+                every problem, by field.
+        """
+        problems = cls.problems(data)
+        if problems:
+            raise JobDescriptionError(problems)
+        assert isinstance(data, Mapping)
+        values = _parse(data, {})
+        return cls(**values)
+
+    @classmethod
+    def problems(cls, data: object, *, partial: bool = False) -> dict[str, list[str]]:
+        """Every problem of ``data`` as the JSON form, by field; empty when it is valid.
+
+        ``partial``: the fields left out are not problems, and the rules that need them
+        are skipped (the coordinator checks what it has before it knows every field).
+        """
+        if not isinstance(data, Mapping):
+            return {"non_field_errors": [f"a job description is a JSON object, not {data!r}"]}
+        problems: dict[str, list[str]] = {}
+        version = data.get("version", FORMAT if partial else None)
+        if not _is_int(version) or version != FORMAT:  # 1.0 and True equal 1, and are not it
+            if "version" not in data:
+                reason = f"required: the JSON form's version ({FORMAT} here)"
+            else:
+                reason = (
+                    f"version {version!r} is not one this party reads (it reads {FORMAT}); "
+                    "update the older of the two parties"
+                )
+            return {"version": [reason]}
+        for key in data:
+            if key not in _FIELDS:
+                _add(problems, str(key), f"unknown field; known fields: {', '.join(_FIELDS)}")
+        if not partial:
+            for name in _REQUIRED:
+                if name not in data:
+                    _add(problems, name, "required")
+        values = _parse(data, problems)
+        _check(values, problems, partial=partial)
+        return problems
+
+    # -- what the parties build from it ----------------------------------------------
+
+    @property
+    def split_mode(self) -> SplitMode:
+        """The job's mode, from the registry."""
+        return get_mode(self.mode)
+
+    def job_model(self) -> JobModel:
+        """The job's model as every party builds it (from the job's seed)."""
+        return JobModel(
+            name=self.model,
+            spatial_dims=self.spatial_dims,
+            in_channels=self.in_channels,
+            num_classes=self.num_classes,
+            input_shape=self.input_shape,
+            seed=self.seed,
+        )
+
+    def training_config(self, job: str) -> TrainingConfig:
+        """The training settings of the job called ``job`` (the id every frame carries)."""
+        return TrainingConfig(
+            cuts=self.cuts,
+            mode=self.mode,
+            client_optimizer=self.client_optimizer,
+            server_optimizer=self.server_optimizer,
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            max_steps_per_turn=self.max_steps_per_turn,
+            rounds=self.rounds,
+            codec=self.codec,
+            seed=self.seed,
+            job=job,
+        )
+
+
+# -- the rules, in one place ---------------------------------------------------------
+
+_FIELDS = (
+    "version",
+    "model",
+    "spatial_dims",
+    "in_channels",
+    "num_classes",
+    "input_shape",
+    "mode",
+    "mode_options",
+    "cuts",
+    "client_optimizer",
+    "server_optimizer",
+    "batch_size",
+    "local_epochs",
+    "max_steps_per_turn",
+    "rounds",
+    "codec",
+    "seed",
+)
+_REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
+#: The integer fields and their least value.
+_AT_LEAST = {
+    "spatial_dims": 2,
+    "in_channels": 1,
+    "num_classes": 2,
+    "batch_size": 1,
+    "local_epochs": 1,
+    "rounds": 1,
+    "seed": 0,
+}
+
+
+def _add(problems: dict[str, list[str]], name: str, reason: str) -> None:
+    problems.setdefault(name, []).append(reason)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str, Any]:
+    """The JSON values that have the right type, as the dataclass takes them; the others
+    are left out, with a problem each."""
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        if name not in data:
+            continue
+        value = data[name]
+        if name in ("model", "mode", "codec"):
+            ok = isinstance(value, str)
+        elif name in _AT_LEAST or name == "version":
+            ok = _is_int(value)
+        elif name == "max_steps_per_turn":
+            ok = value is None or _is_int(value)
+        elif name == "input_shape":
+            ok = isinstance(value, list | tuple) and all(_is_int(d) for d in value)
+            value = tuple(value) if ok else value
+        elif name == "cuts":
+            ok = isinstance(value, list | tuple) and all(isinstance(c, str) for c in value)
+            value = tuple(value) if ok else value
+        elif name == "mode_options":
+            ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+        else:  # the optimizers
+            try:
+                value = OptimizerConfig.from_json(value)
+                ok = True
+            except ConfigError as e:
+                _add(problems, name, str(e))
+                continue
+        if ok:
+            values[name] = value
+        else:
+            _add(problems, name, f"has the wrong type: {value!r}")
+    return values
+
+
+def _check(
+    values: dict[str, Any], problems: dict[str, list[str]], *, partial: bool
+) -> dict[str, Any]:
+    """Check the typed ``values`` (the constructor's, or those :func:`_parse` kept), adding
+    a problem for each rule broken; return the values normalised (tuples, a read-only
+    mapping, the mode's options with their defaults). ``partial``: skip what is absent."""
+    normal: dict[str, Any] = {}
+
+    def present(name: str) -> bool:
+        return name in values and name not in problems
+
+    if present("version") and values["version"] != FORMAT:
+        _add(problems, "version", f"version {values['version']!r} is not {FORMAT}")
+    for name, least in _AT_LEAST.items():
+        if present(name):
+            value = values[name]
+            if not _is_int(value) or value < least:
+                _add(problems, name, f"must be an integer >= {least}, got {value!r}")
+    if present("spatial_dims") and values["spatial_dims"] > 3:
+        _add(problems, "spatial_dims", f"must be 2 or 3, got {values['spatial_dims']}")
+    if present("seed") and values["seed"] > MAX_SEED:
+        _add(problems, "seed", f"must be at most {MAX_SEED}, got {values['seed']}")
+    if present("max_steps_per_turn"):
+        steps = values["max_steps_per_turn"]
+        if steps is not None and (not _is_int(steps) or steps < 1):
+            _add(problems, "max_steps_per_turn", f"must be >= 1 or null, got {steps!r}")
+    if present("model"):
+        try:
+            normal["model"] = get_model_spec(values["model"]).name
+        except UnknownModelError as e:
+            _add(problems, "model", str(e))
+    if present("codec") and values["codec"] not in CODECS:
+        _add(
+            problems,
+            "codec",
+            f"unknown codec {values['codec']!r}; known codecs: {', '.join(CODECS)}",
+        )
+    for side in ("client_optimizer", "server_optimizer"):
+        if present(side) and not isinstance(values[side], OptimizerConfig):
+            _add(problems, side, f"must be an OptimizerConfig, got {values[side]!r}")
+    _check_shape(values, problems, normal, present)
+    mode = _check_mode(values, problems, normal, present, partial)
+    if mode is not None:
+        _check_options(mode, values, problems, normal, present, partial)
+    return normal
+
+
+def _check_shape(values, problems, normal, present) -> None:
+    if not present("input_shape"):
+        return
+    shape = tuple(values["input_shape"])
+    if not all(_is_int(d) and d >= 1 for d in shape):
+        _add(problems, "input_shape", f"must be positive integers, got {list(shape)}")
+        return
+    normal["input_shape"] = shape
+    if present("spatial_dims") and len(shape) != values["spatial_dims"] + 1:
+        _add(
+            problems,
+            "input_shape",
+            f"{list(shape)} has {len(shape)} values; spatial_dims {values['spatial_dims']} "
+            f"takes channels and {values['spatial_dims']} sides",
+        )
+    elif present("in_channels") and shape[0] != values["in_channels"]:
+        _add(
+            problems,
+            "input_shape",
+            f"{list(shape)} has {shape[0]} channel(s), not in_channels {values['in_channels']}",
+        )
+
+
+def _check_mode(values, problems, normal, present, partial) -> SplitMode | None:
+    """The mode, once it is registered; its cuts checked by the mode itself."""
+    if not present("mode"):
+        if partial:
+            return None
+        values = {**values, "mode": DEFAULT_MODE}
+    try:
+        mode = get_mode(values["mode"])  # the message lists the known ones
+    except UnknownModeError as e:
+        _add(problems, "mode", str(e))
+        return None
+    if present("cuts"):
+        cuts = values["cuts"]
+        if isinstance(cuts, str) or not all(isinstance(c, str) and c for c in cuts):
+            _add(problems, "cuts", f"must be a list of submodule names, got {cuts!r}")
+        else:
+            try:
+                normal["cuts"] = mode.check_cuts(cuts)
+            except ConfigError as e:
+                _add(problems, "cuts", str(e))
+    return mode
+
+
+def _check_options(mode: SplitMode, values, problems, normal, present, partial) -> None:
+    """The mode's options: only those it takes, each of its type; defaults filled in."""
+    if not present("mode_options"):
+        if partial:
+            return
+        values = {**values, "mode_options": {}}
+    given = values["mode_options"]
+    if not isinstance(given, Mapping):
+        _add(problems, "mode_options", f"must be an object, got {given!r}")
+        return
+    options = {o.name: o for o in mode.options()}
+    filled: dict[str, Any] = {}
+    for key in given:
+        if key not in options:
+            takes = ", ".join(options) or "none"
+            _add(
+                problems,
+                "mode_options",
+                f"{mode.name} mode has no option {key!r} (it takes {takes})",
+            )
+    for name, option in options.items():
+        value = given.get(name, option.default)
+        # A bool is an int, but not an int option's value; an int is a fine float.
+        fits = isinstance(value, bool) == (option.type is bool) and (
+            isinstance(value, option.type) or (option.type is float and _is_int(value))
+        )
+        if not fits:
+            _add(
+                problems,
+                "mode_options",
+                f"{name} must be a {option.type.__name__}, got {value!r}",
+            )
+        filled[name] = value
+    normal["mode_options"] = MappingProxyType(filled)

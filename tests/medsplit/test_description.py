@@ -1,0 +1,234 @@
+"""The job description: its JSON form round-trips, every rule names its field, and a
+version this code does not read is refused before anything else is looked at."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from medsplit.modes import MODES, ModeOption
+from medsplit.modes.vanilla import VanillaMode
+from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.config import TrainingConfig
+from medsplit.training.description import FORMAT, JobDescription, JobDescriptionError
+from medsplit.training.setup import JobModel
+
+
+def described(**overrides: object) -> dict:
+    """The JSON form of a valid vanilla job, with ``overrides``."""
+    data = {
+        "version": FORMAT,
+        "model": "small_cnn",
+        "spatial_dims": 2,
+        "in_channels": 1,
+        "num_classes": 2,
+        "input_shape": [1, 28, 28],
+        "cuts": ["pool1"],
+    }
+    data.update(overrides)
+    return data
+
+
+class OptionedMode(VanillaMode):
+    """Vanilla with two options of its own, to check a mode's options."""
+
+    name = "optioned"
+    title = "Optioned"
+    summary = "vanilla with options"
+
+    def options(self) -> tuple[ModeOption, ...]:
+        return (
+            ModeOption("share", float, 0.5, "a float option"),
+            ModeOption("secure", bool, False, "a bool option"),
+        )
+
+
+@pytest.fixture
+def optioned(monkeypatch):
+    mode = OptionedMode()
+    monkeypatch.setitem(MODES, mode.name, mode)
+    return mode
+
+
+def problems_of(data: object) -> dict[str, list[str]]:
+    with pytest.raises(JobDescriptionError) as error:
+        JobDescription.from_json(data)
+    problems = error.value.problems
+    assert problems == JobDescription.problems(data)
+    for name in problems:
+        assert name in str(error.value)
+    return problems
+
+
+def test_the_json_form_round_trips_through_text() -> None:
+    description = JobDescription(
+        model="small_cnn",
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=3,
+        input_shape=(1, 28, 28),
+        mode="ushaped",
+        cuts=("pool1", "pool"),
+        client_optimizer=OptimizerConfig(name="adam", lr=0.002, betas=(0.8, 0.99)),
+        server_optimizer=OptimizerConfig(momentum=0.9, schedule="step", step_size=7),
+        batch_size=16,
+        local_epochs=2,
+        max_steps_per_turn=40,
+        rounds=3,
+        codec="int8",
+        seed=1234,
+    )
+    text = json.dumps(description.to_json())
+    back = JobDescription.from_json(json.loads(text))
+    assert back == description
+    assert back.to_json() == description.to_json()
+    assert back.to_json()["version"] == FORMAT == 1
+
+
+def test_defaults_are_filled_in() -> None:
+    description = JobDescription.from_json(described())
+    assert description.mode == "vanilla" and dict(description.mode_options) == {}
+    assert description.client_optimizer == OptimizerConfig()
+    assert (description.batch_size, description.rounds, description.codec) == (32, 1, "none")
+    assert description.to_json()["client_optimizer"]["schedule"] == "constant"
+
+
+def test_it_gives_todays_training_config_and_model() -> None:
+    description = JobDescription.from_json(described(seed=7, batch_size=8, codec="fp16"))
+    assert description.training_config("job-3") == TrainingConfig(
+        cuts=("pool1",), batch_size=8, codec="fp16", seed=7, job="job-3"
+    )
+    assert description.job_model() == JobModel(
+        name="small_cnn",
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=2,
+        input_shape=(1, 28, 28),
+        seed=7,
+    )
+    assert description.split_mode is MODES["vanilla"]
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None, True, 1.0])
+def test_another_version_is_refused_before_anything_else(version) -> None:
+    # The fields of another version mean what that version says: none is looked at.
+    problems = problems_of(described(version=version, model="alexnet", cuts=[]))
+    assert list(problems) == ["version"]
+    if version is True or version == 1:  # 1.0 == 1 == True: only the integer 1 is read
+        assert "is not one this party reads (it reads 1)" in problems["version"][0]
+
+
+def test_a_missing_version_is_refused() -> None:
+    data = described()
+    del data["version"]
+    assert problems_of(data) == {"version": ["required: the JSON form's version (1 here)"]}
+
+
+def test_missing_and_unknown_fields_are_named() -> None:
+    data = described(cut="pool1", extra=1)
+    del data["cuts"], data["num_classes"]
+    problems = problems_of(data)
+    assert problems["cuts"] == ["required"] and problems["num_classes"] == ["required"]
+    assert problems["cut"][0].startswith("unknown field; known fields: version, model")
+    assert "extra" in problems
+
+
+def test_not_an_object_is_refused() -> None:
+    assert list(problems_of(["small_cnn"])) == ["non_field_errors"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("model", "alexnet", "unknown model 'alexnet'; known models: "),
+        ("model", 3, "has the wrong type: 3"),
+        ("spatial_dims", 1, "must be an integer >= 2, got 1"),
+        ("spatial_dims", 4, "must be 2 or 3, got 4"),
+        ("spatial_dims", "2", "has the wrong type"),
+        ("in_channels", 0, "must be an integer >= 1, got 0"),
+        ("num_classes", 1, "must be an integer >= 2, got 1"),
+        ("num_classes", True, "has the wrong type: True"),
+        ("input_shape", [1, 0, 28], "must be positive integers"),
+        ("input_shape", "1,28,28", "has the wrong type"),
+        ("input_shape", [1, 28], "has 2 values; spatial_dims 2 takes channels and 2 sides"),
+        ("input_shape", [3, 28, 28], "has 3 channel(s), not in_channels 1"),
+        ("mode", "vertical", "unknown mode 'vertical'; known modes: vanilla, ushaped"),
+        ("cuts", ["pool1", "pool"], "vanilla mode needs 1 cut(s), got 2: ['pool1', 'pool']"),
+        ("cuts", [], "vanilla mode needs 1 cut(s), got 0"),
+        ("cuts", [""], "must be a list of submodule names"),
+        ("cuts", "pool1", "has the wrong type"),
+        ("mode_options", {"share": 1}, "vanilla mode has no option 'share' (it takes none)"),
+        ("mode_options", [], "has the wrong type"),
+        ("client_optimizer", {"lr": -1}, "lr must be > 0, got -1"),
+        ("client_optimizer", {"name": "rmsprop"}, "optimizer name must be one of"),
+        ("server_optimizer", {"nesterov": True}, "unknown option(s) ['nesterov']"),
+        ("server_optimizer", {"lr": "fast"}, "lr has the wrong type or value: 'fast'"),
+        ("server_optimizer", {"betas": [0.9]}, "betas must be two numbers in [0, 1)"),
+        ("server_optimizer", [], "an optimizer is a JSON object"),
+        ("batch_size", 0, "must be an integer >= 1, got 0"),
+        ("local_epochs", 0, "must be an integer >= 1, got 0"),
+        ("max_steps_per_turn", 0, "must be >= 1 or null, got 0"),
+        ("max_steps_per_turn", 2.5, "has the wrong type"),
+        ("rounds", -1, "must be an integer >= 1, got -1"),
+        ("codec", "zip", "unknown codec 'zip'; known codecs: none, fp16, bf16, int8"),
+        ("seed", -1, "must be an integer >= 0, got -1"),
+        ("seed", 2**31, "must be at most 2147483647"),
+    ],
+)
+def test_every_rule_names_its_field(name: str, value: object, reason: str) -> None:
+    problems = problems_of(described(**{name: value}))
+    assert list(problems) == [name]
+    assert reason in problems[name][0]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    problems = problems_of(described(codec="zip", batch_size=0, mode="vertical", model="x"))
+    assert {"codec", "batch_size", "mode", "model"} == set(problems)
+
+
+def test_the_cut_count_follows_the_mode() -> None:
+    assert JobDescription.from_json(described(mode="ushaped", cuts=["pool1", "pool"])).cuts == (
+        "pool1",
+        "pool",
+    )
+    assert problems_of(described(mode="ushaped")) == {
+        "cuts": ["ushaped mode needs 2 cut(s), got 1: ['pool1']"]
+    }
+
+
+def test_the_constructor_checks_the_same_rules() -> None:
+    with pytest.raises(JobDescriptionError) as error:
+        JobDescription(
+            model="small_cnn",
+            spatial_dims=2,
+            in_channels=1,
+            num_classes=2,
+            input_shape=(1, 28, 28),
+            cuts=("pool1", "pool"),
+            codec="zip",
+        )
+    assert set(error.value.problems) == {"cuts", "codec"}
+
+
+def test_a_modes_options_take_their_defaults_and_their_types(optioned) -> None:
+    description = JobDescription.from_json(described(mode="optioned"))
+    assert dict(description.mode_options) == {"share": 0.5, "secure": False}
+    given = JobDescription.from_json(described(mode="optioned", mode_options={"share": 1}))
+    assert dict(given.mode_options) == {"share": 1, "secure": False}
+    assert JobDescription.from_json(given.to_json()) == given
+    problems = problems_of(
+        described(mode="optioned", mode_options={"secure": 1, "share": "half", "speed": 2})
+    )
+    assert problems["mode_options"] == [
+        "optioned mode has no option 'speed' (it takes share, secure)",
+        "share must be a float, got 'half'",
+        "secure must be a bool, got 1",
+    ]
+
+
+def test_partial_checks_skip_what_is_absent() -> None:
+    assert JobDescription.problems({"codec": "none", "mode": "ushaped"}, partial=True) == {}
+    assert JobDescription.problems({"codec": "zip"}, partial=True) == {
+        "codec": ["unknown codec 'zip'; known codecs: none, fp16, bf16, int8"]
+    }
