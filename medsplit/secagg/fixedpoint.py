@@ -66,8 +66,8 @@ class FixedPoint:
         # Also at most 2**53, so that every average decodes exactly through float64.
         return min(_MAX_SIGNED // total_weight, 2**53)
 
-    def quantize(self, values: torch.Tensor, total_weight: int) -> torch.Tensor:
-        """``round(values * 2^f)`` as int64, checked against :meth:`limit`.
+    def quantize(self, values: torch.Tensor, total_weight: int) -> np.ndarray:
+        """``round(values * 2^f)`` as a 1-D int64 array, checked against :meth:`limit`.
 
         Raises:
             FixedPointError: not a float32 tensor, a NaN or infinity, or too large.
@@ -75,20 +75,20 @@ class FixedPoint:
         if not isinstance(values, torch.Tensor) or values.dtype != torch.float32:
             got = values.dtype if isinstance(values, torch.Tensor) else type(values).__name__
             raise FixedPointError(f"expected a float32 tensor to encode, got {got}")
-        wide = values.detach().reshape(-1).to(torch.float64, copy=True)
-        if not bool(torch.isfinite(wide).all()):
+        wide = values.detach().cpu().reshape(-1).numpy().astype(np.float64)
+        if not np.isfinite(wide).all():
             raise FixedPointError("cannot encode NaN or infinite values: the front diverged")
-        # Scaling by a power of two is exact in float64; torch.round rounds ties to even.
-        scaled = torch.round(wide.mul_(float(2**self.scale_bits)))
+        # Scaling by a power of two is exact in float64; rint rounds ties to even.
+        scaled = np.rint(np.multiply(wide, float(2**self.scale_bits), out=wide), out=wide)
         limit = self.limit(total_weight)
-        largest = float(scaled.abs().max()) if scaled.numel() else 0.0
+        largest = float(np.abs(scaled).max()) if scaled.size else 0.0
         if largest > limit:
             raise FixedPointError(
                 f"a value of magnitude {largest / 2**self.scale_bits:.6g} does not fit the "
                 f"ring at scale 2^-{self.scale_bits} with total weight {total_weight} "
                 f"(at most {limit / 2**self.scale_bits:.6g}): lower scale_bits"
             )
-        return scaled.to(torch.int64)
+        return scaled.astype(np.int64)
 
     def encode(self, values: torch.Tensor, weight: int, total_weight: int) -> np.ndarray:
         """``weight * round(values * 2^f)`` in the ring: a 1-D ``uint64`` array.
@@ -100,9 +100,10 @@ class FixedPoint:
         _check_weight("weight", weight)
         if weight > total_weight:
             raise FixedPointError(f"weight {weight} exceeds the total weight {total_weight}")
-        quantized = self.quantize(values, total_weight).numpy()
+        quantized = self.quantize(values, total_weight)
         # |quantized| * weight <= limit * total_weight < 2**63: no int64 overflow here.
-        return (quantized * np.int64(weight)).view(np.uint64)
+        quantized *= np.int64(weight)
+        return quantized.view(np.uint64)
 
     def decode(self, ring_sum: np.ndarray, total_weight: int) -> torch.Tensor:
         """The float32 weighted average from the unmasked ring sum (1-D ``uint64``).
@@ -113,13 +114,13 @@ class FixedPoint:
         if not isinstance(ring_sum, np.ndarray) or ring_sum.dtype != np.uint64:
             raise FixedPointError("expected the ring sum as a numpy uint64 array")
         _check_weight("total_weight", total_weight)
-        signed = torch.from_numpy(ring_sum.view(np.int64).copy())
-        quotient = torch.div(signed, total_weight, rounding_mode="floor")
-        remainder = signed - quotient * total_weight  # 0 <= remainder < total_weight
-        # Round to nearest, ties up: 2r >= N, written so that 2r cannot overflow.
-        rounded = quotient + (remainder >= total_weight - remainder).to(torch.int64)
-        # |rounded| <= limit <= 2**53: exact in float64, and so is the scaling.
-        return (rounded.to(torch.float64) * 2.0**-self.scale_bits).to(torch.float32)
+        quotient, remainder = np.divmod(ring_sum.view(np.int64), np.int64(total_weight))
+        # divmod floors, so 0 <= remainder < N. Round to nearest, ties up: 2r >= N,
+        # written so that 2r cannot overflow.
+        quotient += remainder >= np.int64(total_weight) - remainder
+        # |quotient| <= limit <= 2**53: exact in float64, and so is the scaling.
+        scaled = quotient.astype(np.float64) * 2.0**-self.scale_bits
+        return torch.from_numpy(scaled.astype(np.float32))
 
     def error_bound(self, average: torch.Tensor) -> torch.Tensor:
         """The bound on ``|decode - a|`` for the exact average ``a`` (see the module)."""

@@ -179,8 +179,9 @@ class HospitalRound:
                 vector += mask
             else:
                 vector -= mask  # uint64: wraps modulo 2**64
-        assert self._group_key is not None
-        vector += group_mask(self._group_key, rid, self.me, length)
+        if self.me == rid.leader:
+            assert self._group_key is not None
+            vector += group_mask(self._group_key, rid, length)
         return MaskedSubmission.for_round(rid, self.me, vector)
 
     def unmask(self, aggregate: Aggregate) -> dict[str, torch.Tensor]:
@@ -207,9 +208,7 @@ class HospitalRound:
             )
         if self._group_key is None:
             raise SecAggError(f"{self.me!r} has not received the group key of this round")
-        total = aggregate.vector.copy()
-        for h in rid.participants:
-            total -= group_mask(self._group_key, rid, h, self.layout.length)
+        total = aggregate.vector - group_mask(self._group_key, rid, self.layout.length)
         return self.layout.unflatten(self.fixed.decode(total, rid.total_weight))
 
     def average_ring_sum(self, ring_sum: np.ndarray) -> dict[str, torch.Tensor]:

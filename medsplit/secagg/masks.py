@@ -4,12 +4,14 @@
   (sorted names): ``a`` draws a 32-byte seed (:func:`draw_secret`, the OS's CSPRNG) and
   seals it to ``b`` (:func:`seal_secret`). Both expand it into the same vector; ``a`` adds
   it, ``b`` subtracts it, so the pair's masks cancel in the sum.
-* A **group mask** per participant, from a 32-byte group key that the round's leader
-  (the first participant) draws and seals to every other participant. Hospital ``h`` adds
-  ``G_h``; the hospitals subtract ``Σ G_h`` from the aggregate. So the aggregator (and the
-  coordinator and relay) see neither a single vector nor the sum. Each hospital gets a
-  mask of its own rather than one shared ``G``: ``K·G`` is not uniform in Z/2^64 for even
-  ``K`` (its low bit is 0), while a sum of independent uniform masks is.
+* A **group mask** from a 32-byte group key that the round's leader (the first
+  participant) draws and seals to every other participant. The leader adds it to its
+  vector; every hospital subtracts it from the aggregate. So the aggregator (and the
+  coordinator and relay) see neither a single vector nor the sum: the pairwise masks hide
+  each vector, the group mask the sum. One mask added once, not one per hospital: ``K·G``
+  would not be uniform in Z/2^64 for even ``K`` (its low bit is 0), and a mask of each
+  hospital's own would cost every hospital ``K`` expansions to remove for no more secrecy
+  (every hospital holds the key).
 
 Expansion: the ChaCha20 key stream (``cryptography``) under a key derived with
 HKDF-SHA256 from the secret, whose ``info`` binds the purpose, the whole round
@@ -89,11 +91,10 @@ def pair_mask(seed: bytes, round_id: RoundId, low: str, high: str, length: int) 
     return keystream_u64(_derive(seed, PAIR, round_id, [low, high], length), length)
 
 
-def group_mask(group_key: bytes, round_id: RoundId, hospital: str, length: int) -> np.ndarray:
-    """The group mask hospital ``hospital`` adds in ``round_id``."""
-    if hospital not in round_id.weights:
-        raise SecAggError(f"{hospital!r} is not a participant of this round")
-    return keystream_u64(_derive(group_key, GROUP, round_id, [hospital], length), length)
+def group_mask(group_key: bytes, round_id: RoundId, length: int) -> np.ndarray:
+    """The group mask of ``round_id``: the leader adds it, the hospitals remove it from
+    the aggregate."""
+    return keystream_u64(_derive(group_key, GROUP, round_id, [round_id.leader], length), length)
 
 
 def _derive(secret: bytes, kind: str, round_id: RoundId, parties: list[str], length: int) -> bytes:

@@ -142,7 +142,7 @@ def test_masks_are_bound_to_round_attempt_pair_and_length() -> None:
         pair_mask(seed, base.restart_without(["hosp-c"]), "hosp-a", "hosp-b", 64),
         pair_mask(seed, base, "hosp-a", "hosp-c", 64),
         pair_mask(seed, base, "hosp-a", "hosp-b", 65)[:64],
-        group_mask(seed, base, "hosp-a", 64),
+        group_mask(seed, base, 64),
     ]
     for other in others:
         assert not np.array_equal(mask, other)
