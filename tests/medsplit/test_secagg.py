@@ -98,7 +98,9 @@ def test_the_fixed_point_error_stays_within_the_documented_bound() -> None:
         error = (decoded - exact).abs()
         assert bool((error <= fixed.error_bound(exact)).all())
         worst = max(worst, float((error - 2.0**-24 * exact.abs()).max()))
-    assert worst <= 2.0**-24  # the fixed-point part alone: within one 2^-24 step
+    # The fixed-point part alone: within one 2^-24 step (and the float32 rounding of that
+    # step, and float64's own rounding of the reference).
+    assert worst <= 2.0**-24 * (1 + 2.0**-24) + 1e-12
 
 
 def test_fixed_point_refuses_what_would_wrap_nan_and_other_dtypes() -> None:
