@@ -129,7 +129,8 @@ class Aggregator:
                 "(RoundId.restart_without), with fresh seeds",
                 missing=missing,
             )
-        total = np.zeros(self.length, dtype=np.uint64)
-        for hospital in self.round_id.participants:
+        first, *rest = self.round_id.participants
+        total = self._vectors[first].copy()
+        for hospital in rest:
             total += self._vectors[hospital]  # uint64 addition wraps: the ring Z/2^64
         return Aggregate.for_round(self.round_id, AGGREGATOR, total)

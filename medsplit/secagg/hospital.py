@@ -102,7 +102,8 @@ class HospitalRound:
         return tuple(wanted)
 
     def outgoing(self) -> list[SealedSecret]:
-        """The secrets this hospital seals for the others (the same each call)."""
+        """The secrets this hospital seals for the others (the same secrets each call, sealed
+        anew)."""
         out = []
         for h, seed in self._seeds.items():
             if h > self.me:

@@ -16,7 +16,7 @@
 Expansion: the ChaCha20 key stream (``cryptography``) under a key derived with
 HKDF-SHA256 from the secret, whose ``info`` binds the purpose, the whole round
 (:meth:`~medsplit.secagg.rounds.RoundId.binding`: job, round, attempt, participants and
-weights), the ordered pair (or the hospital) and the vector length; read as little-endian
+weights), the ordered pair (or the leader) and the vector length; read as little-endian
 ``uint64``. Each derived key is used for one stream only, so the nonce is fixed at zero.
 Never ``random`` nor numpy's generators: their output is predictable from a few values.
 
@@ -79,7 +79,9 @@ def keystream_u64(key: bytes, length: int) -> np.ndarray:
     if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= _MAX_LENGTH:
         raise SecAggError(f"a mask length must be an integer from 0 to 2**31, got {length!r}")
     encryptor = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    stream = encryptor.update(bytes(8 * length)) + encryptor.finalize()
+    stream = encryptor.update(bytes(8 * length))
+    encryptor.finalize()  # a stream cipher keeps nothing back
+    # Read-only, and no copy on a little-endian machine: callers only add it to vectors.
     return np.frombuffer(stream, dtype="<u8").astype(np.uint64, copy=False)
 
 

@@ -124,7 +124,11 @@ class _Message:
                 f"({header['length'] * dtype.itemsize} bytes), the message carries "
                 f"{len(body)} bytes: truncated or padded"
             )
-        vector = np.frombuffer(body, dtype=dtype).astype(dtype.newbyteorder("="), copy=True)
+        # Immutable bytes back the vector without a copy (read-only); anything else that
+        # the caller could change afterwards is copied.
+        vector = np.frombuffer(body, dtype=dtype).astype(
+            dtype.newbyteorder("="), copy=not isinstance(data, bytes)
+        )
         return cls(
             header["job"],
             header["round"],

@@ -191,6 +191,11 @@ def test_messages_round_trip_and_refuse_truncation_padding_and_other_kinds() -> 
             MaskedSubmission.from_bytes(bad)
     with pytest.raises(MessageError, match="expected a Aggregate"):
         Aggregate.from_bytes(data)
+    # A mutable buffer is copied: changing it afterwards changes no parsed vector.
+    buffer = bytearray(data)
+    parsed = MaskedSubmission.from_bytes(buffer)
+    buffer[-8:] = bytes(8)
+    assert np.array_equal(parsed.vector, vector)
 
 
 # -- dropouts ----------------------------------------------------------------------------
