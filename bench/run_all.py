@@ -67,6 +67,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_runtime", 2, (), ("--steps", "10", "--memory-steps", "300")),
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
     Benchmark("bench_faults", 12, (), ("--faults", "none", "relay_mid_step")),
+    Benchmark("bench_secagg", 0.5, (), ("--repeats", "3", "--parameters", "262144")),
 )
 
 

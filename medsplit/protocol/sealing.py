@@ -81,9 +81,10 @@ FORMAT_VERSION = 2
 LEGACY_VERSION = 1
 """Static X25519 keys (MedSplit before per-job keys): recognised only to say so."""
 
-PURPOSES = frozenset({"handoff", "final"})
+PURPOSES = frozenset({"handoff", "final", "secagg-pair", "secagg-group"})
 """``handoff``: state passed to the next hospital; ``final``: the weights every participant
-receives at the end of a job."""
+receives at the end of a job; ``secagg-pair`` and ``secagg-group``: a pairwise mask seed
+and the group mask key of secure aggregation (:mod:`medsplit.secagg.masks`)."""
 
 SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 """The HPKE suite of every blob."""
@@ -120,7 +121,8 @@ class SealContext:
         round: the round (turn) the blob was produced after, from 0.
         sender: the id of the hospital sealing the blob.
         recipient: the id of the hospital the blob is sealed for.
-        purpose: ``"handoff"`` (to the next hospital) or ``"final"`` (final weights).
+        purpose: ``"handoff"`` (to the next hospital), ``"final"`` (final weights), or one
+            of secure aggregation's (see :data:`PURPOSES`).
 
     Raises:
         SealError: a field is empty, too long, holds control characters, ``round`` is not
