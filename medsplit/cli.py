@@ -16,7 +16,14 @@ from medsplit.cutting import CutInfo, cut_table
 from medsplit.data import synthetic_split
 from medsplit.errors import MedSplitError
 from medsplit.models import build_model, get_model_spec, model_names
-from medsplit.modes import DEFAULT_MODE, get_mode, load_extra_modes, mode_names, mode_paths
+from medsplit.modes import (
+    DEFAULT_MODE,
+    ModeOption,
+    get_mode,
+    load_extra_modes,
+    mode_names,
+    mode_paths,
+)
 from medsplit.protocol.optim import OPTIMIZERS, OptimizerConfig
 from medsplit.training.config import TrainingConfig
 from medsplit.training.simulate import SimulationData, SimulationSetup, simulate
@@ -90,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_cut_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default=DEFAULT_MODE, choices=mode_names())
+    _add_mode_options(parser)
     parser.add_argument(
         "--cut",
         action="append",
@@ -103,6 +111,53 @@ def _add_cut_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def _mode_options() -> dict[str, list[ModeOption]]:
+    """Every registered mode's options, by name (modes may share an option's name)."""
+    options: dict[str, list[ModeOption]] = {}
+    for name in mode_names():
+        for option in get_mode(name).options():
+            options.setdefault(option.name, []).append(option)
+    return options
+
+
+def _add_mode_options(parser: argparse.ArgumentParser) -> None:
+    """One ``--name`` per mode option, left unset unless given: the mode checks the value
+    (and whether it takes the option at all) as a job's configuration would."""
+    for name, options in _mode_options().items():
+        modes = [m for m in mode_names() if any(o.name == name for o in get_mode(m).options())]
+        choices = (
+            sorted({c for o in options for c in o.choices})
+            if all(o.choices for o in options)
+            else None
+        )
+        kinds = {o.type for o in options}
+        kind = kinds.pop() if len(kinds) == 1 else str
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=f"mode_option_{name}",
+            type=_bool if kind is bool else kind,
+            choices=choices,
+            help=f"{options[0].help} ({', '.join(modes)} mode; default {options[0].default})",
+        )
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _given_mode_options(args: argparse.Namespace) -> dict[str, object]:
+    prefix = "mode_option_"
+    return {
+        key[len(prefix) :]: value
+        for key, value in vars(args).items()
+        if key.startswith(prefix) and value is not None
+    }
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -119,7 +174,9 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def _training_config(args: argparse.Namespace, model: str, **overrides: object) -> TrainingConfig:
     spec = get_model_spec(model)
-    mode = get_mode(args.mode)
+    options = _given_mode_options(args)
+    # Bound to its options: they may change the mode's cuts (SplitFed's labels).
+    mode = get_mode(args.mode).with_options(options)
     cuts = tuple(args.cut) if args.cut else mode.default_cuts(spec)
 
     def optimizer(name: str, lr: float) -> OptimizerConfig:
@@ -128,6 +185,7 @@ def _training_config(args: argparse.Namespace, model: str, **overrides: object) 
     return TrainingConfig(
         cuts=cuts,
         mode=mode.name,
+        mode_options=options,
         client_optimizer=optimizer(args.client_optimizer, args.client_lr),
         server_optimizer=optimizer(args.server_optimizer, args.server_lr),
         batch_size=args.batch_size,
@@ -204,7 +262,7 @@ def _verify(args: argparse.Namespace) -> int:
     elif report.exact:
         print(
             f"exact: {report.compared} tensors identical after {report.steps} steps "
-            f"({config.mode}, cut {' / '.join(config.cuts)}, codec {config.codec})"
+            f"({_mode_label(config)}, cut {' / '.join(config.cuts)}, codec {config.codec})"
         )
     else:
         print(
@@ -233,7 +291,7 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     source = args.data or f"{args.samples} synthetic images"
     print(
-        f"simulating {args.hospitals} hospitals on {source}: {args.model}, {config.mode} "
+        f"simulating {args.hospitals} hospitals on {source}: {args.model}, {_mode_label(config)} "
         f"mode, cut {' / '.join(config.cuts)}, codec {config.codec}, {config.rounds} rounds",
         file=sys.stderr,
     )
@@ -243,6 +301,12 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_round_json(r) for r in reports], indent=2))
     return 0
+
+
+def _mode_label(config: TrainingConfig) -> str:
+    """The mode's name with its options, if it takes any (``splitfed variant=v2 ...``)."""
+    options = " ".join(f"{k}={v}" for k, v in config.mode_options.items())
+    return f"{config.mode} {options}" if options else config.mode
 
 
 def _print_round(report: RoundReport) -> None:

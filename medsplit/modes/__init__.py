@@ -7,6 +7,7 @@ plan) is asked of the job's mode through this interface; see ``docs/design.md#mo
 
 from medsplit.modes.base import (
     SERVER_PARTY,
+    GroupServer,
     ModeDescription,
     ModeOption,
     SegmentRole,
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_MODE",
     "MODES",
     "SERVER_PARTY",
+    "GroupServer",
     "ModeDescription",
     "ModeOption",
     "SegmentRole",

@@ -15,6 +15,15 @@ coordinator's scheduler, the worker's turn runner and the agent call:
 (where a group's turns start), :meth:`SplitMode.result_from` (where the job's final
 weights come from) and :meth:`SplitMode.combine` (through
 :meth:`SplitMode.combine_exported`, the state made of the last group's).
+
+Hooks added for parallel modes (SplitFed): :meth:`SplitMode.with_options` (the mode
+bound to a job's option values, which may change its cuts and labels),
+:meth:`SplitMode.check_options`, :meth:`SplitMode.combine_weighted` (``combine`` with the
+hospitals' public sample counts; by default it ignores them and calls ``combine``),
+:meth:`SplitMode.group_server` and :meth:`SplitMode.step_order` (how one parallel group
+shares the server segment), :attr:`SplitMode.secure_aggregation` (the hospitals'
+segments are combined by secure aggregation, :mod:`medsplit.secagg`) and
+:attr:`SplitMode.runs_on_platform` (whether the coordinator may accept its jobs yet).
 """
 
 from __future__ import annotations
@@ -49,6 +58,13 @@ class Side(StrEnum):
     HOSPITAL = "hospital"
 
 
+class GroupServer(StrEnum):
+    """How the turns of one parallel group share the server segment."""
+
+    PER_TURN = "per_turn"  # each turn its own copy, combined once the group ended
+    SHARED = "shared"  # one segment serving every turn's steps in the mode's step_order
+
+
 class StartFrom(StrEnum):
     """Where a turn's client state comes from."""
 
@@ -66,12 +82,14 @@ class ModeOption:
         type: ``int``, ``float``, ``str`` or ``bool``.
         default: the value a job gets when it does not say; of ``type``.
         help: one line for the people filling in a job.
+        choices: the values it may take (any of its type when empty).
     """
 
     name: str
     type: type
     default: Any
     help: str
+    choices: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if self.type not in (int, float, str, bool):
@@ -84,14 +102,34 @@ class ModeOption:
             raise ConfigError(
                 f"option {self.name!r}: default {self.default!r} is not a {self.type.__name__}"
             )
+        if self.choices and self.default not in self.choices:
+            raise ConfigError(
+                f"option {self.name!r}: default {self.default!r} is not one of {list(self.choices)}"
+            )
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not a value of this option, in words; ``None`` if it is."""
+        # A bool is an int, but not an int option's value; an int is a fine float.
+        fits = isinstance(value, bool) == (self.type is bool) and (
+            isinstance(value, self.type)
+            or (self.type is float and isinstance(value, int) and not isinstance(value, bool))
+        )
+        if not fits:
+            return f"{self.name} must be a {self.type.__name__}, got {value!r}"
+        if self.choices and value not in self.choices:
+            return f"{self.name} must be one of {list(self.choices)}, got {value!r}"
+        return None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "type": self.type.__name__,
             "default": self.default,
             "help": self.help,
         }
+        if self.choices:
+            out["choices"] = list(self.choices)
+        return out
 
 
 @dataclass(frozen=True)
@@ -118,6 +156,7 @@ class ModeDescription:
     labels: Side
     segments: tuple[SegmentRole, ...]
     options: tuple[ModeOption, ...] = field(default=())
+    runs_on_platform: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +167,7 @@ class ModeDescription:
             "labels": self.labels.value,
             "segments": [s.to_json() for s in self.segments],
             "options": [o.to_json() for o in self.options],
+            "runs_on_platform": self.runs_on_platform,
         }
 
 
@@ -147,6 +187,14 @@ class SplitMode(ABC):
         server_segment: the index of the segment the server trains.
         feature_sets: whether participants hold different features of the same
             patients, each naming its feature set (vertical split learning).
+        secure_aggregation: a parallel group's hospital segments are combined by secure
+            aggregation (:mod:`medsplit.secagg`), never seen in the clear by the server.
+        runs_on_platform: the coordinator may accept this mode's jobs (``False`` while
+            the platform lacks what the mode needs, e.g. secure aggregation).
+        parallel_in_process: the in-process job (``SplitJob``) runs the round plan's
+            parallel groups with :meth:`group_server`, :meth:`step_order` and
+            :meth:`combine_weighted`; without it, it runs every hospital's turn
+            round-robin, as it always did (the platform follows the plan either way).
     """
 
     name: ClassVar[str]
@@ -156,6 +204,9 @@ class SplitMode(ABC):
     labels: ClassVar[Side]
     server_segment: ClassVar[int] = 1
     feature_sets: ClassVar[bool] = False
+    secure_aggregation: ClassVar[bool] = False
+    runs_on_platform: ClassVar[bool] = True
+    parallel_in_process: ClassVar[bool] = False
 
     # -- parties and segments ------------------------------------------------------------
 
@@ -266,15 +317,37 @@ class SplitMode(ABC):
             "puts several hospitals in one group overrides combine()"
         )
 
+    def combine_weighted(
+        self, states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[int]
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`combine` given each state's public weight (its hospital's number of
+        training samples). Default: the weights are not used, :meth:`combine` decides."""
+        return self.combine(states)
+
+    def group_server(self) -> GroupServer:
+        """How a parallel group's turns share the server segment (default: each turn its
+        own copy, combined by :meth:`combine_weighted` once the group ended)."""
+        return GroupServer.PER_TURN
+
+    def step_order(self, lengths: Sequence[int], *, seed: int, round_index: int) -> list[int]:
+        """The order in which one parallel group's steps reach the server: a position in
+        the group per step, position ``i`` appearing ``lengths[i]`` times. Default: each
+        turn's steps one after the other (what separate server copies see anyway)."""
+        return [i for i, n in enumerate(lengths) for _ in range(n)]
+
     def combine_exported(
-        self, blobs: Sequence[bytes], fresh: Callable[[], Mapping[str, Party]]
+        self,
+        blobs: Sequence[bytes],
+        fresh: Callable[[], Mapping[str, Party]],
+        weights: Sequence[int] | None = None,
     ) -> bytes:
         """The state a turn starts from when it starts from the combination of the last
         group (:attr:`StartFrom.AGGREGATE`): each of ``blobs`` (exported parties: the
         hospitals' hand-offs, or the server's checkpoints) loaded into ``fresh()``
         parties, their weights, keyed ``"<party>.<name>"``, combined by :meth:`combine`
         and set into fresh parties again, exported. Their optimizers start afresh: a
-        combined state begins a new optimisation, as in federated averaging.
+        combined state begins a new optimisation, as in federated averaging. With
+        ``weights`` (one per blob), :meth:`combine_weighted` combines them.
 
         Raises:
             HandoffError: a blob is not an export of such parties.
@@ -291,7 +364,9 @@ class SplitMode(ABC):
                     for key, value in party.module.state_dict().items()
                 }
             )
-        combined = self.combine(states)
+        combined = (
+            self.combine(states) if weights is None else self.combine_weighted(states, weights)
+        )
         parties = fresh()
         for name, party in parties.items():
             own = {k[len(name) + 1 :]: v for k, v in combined.items() if k.startswith(f"{name}.")}
@@ -318,6 +393,31 @@ class SplitMode(ABC):
         """The settings this mode takes beyond the job's common ones (none by default)."""
         return ()
 
+    def check_options(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``values`` checked against :meth:`options`, every option's default filled in.
+
+        Raises:
+            ConfigError: an option this mode does not take, or a value that does not fit.
+        """
+        values = dict(values or {})
+        options = {o.name: o for o in self.options()}
+        problems = [
+            f"{self.name} mode has no option {key!r} (it takes {', '.join(options) or 'none'})"
+            for key in values
+            if key not in options
+        ]
+        filled = {name: values.get(name, o.default) for name, o in options.items()}
+        problems += [p for n, o in options.items() if (p := o.problem(filled[n])) is not None]
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return filled
+
+    def with_options(self, values: Mapping[str, Any]) -> SplitMode:
+        """This mode as a job with these option values (checked, defaults filled) runs it.
+        Default: the options change nothing the interface asks, so the mode itself."""
+        self.check_options(values)
+        return self
+
     def describe(self) -> ModeDescription:
         """The mode as the API, the dashboard and the CLI show it."""
         return ModeDescription(
@@ -328,6 +428,7 @@ class SplitMode(ABC):
             labels=self.labels,
             segments=self.segments(),
             options=self.options(),
+            runs_on_platform=self.runs_on_platform,
         )
 
     def __repr__(self) -> str:

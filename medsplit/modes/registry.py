@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from medsplit.errors import ConfigError, ModeLoadError, UnknownModeError
 from medsplit.modes.base import Side, SplitMode
+from medsplit.modes.splitfed import SplitFedMode
 from medsplit.modes.ushaped import UShapedMode
 from medsplit.modes.vanilla import VanillaMode
 from medsplit.wire.frame import MODE_NAME_RE
@@ -162,3 +163,4 @@ def _where(cls: type) -> str:
 
 register(VanillaMode())
 register(UShapedMode())
+register(SplitFedMode())

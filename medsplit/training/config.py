@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from medsplit.errors import ConfigError
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
@@ -18,6 +21,8 @@ class TrainingConfig:
     Attributes:
         cuts: submodule names to cut after, as many as the mode cuts.
         mode: the name of a registered mode (:mod:`medsplit.modes`).
+        mode_options: the mode's own settings (:meth:`SplitMode.options`); defaults
+            filled in, read-only.
         client_optimizer: optimizer of the hospitals' segments.
         server_optimizer: optimizer of the server's segment.
         batch_size: samples per step.
@@ -32,6 +37,7 @@ class TrainingConfig:
 
     cuts: tuple[str, ...]
     mode: str = DEFAULT_MODE
+    mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     client_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     server_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     batch_size: int = 32
@@ -46,7 +52,10 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
         object.__setattr__(self, "mode", mode.name)
-        object.__setattr__(self, "cuts", mode.check_cuts(self.cuts))
+        options = MappingProxyType(mode.check_options(self.mode_options))
+        object.__setattr__(self, "mode_options", options)
+        # The options may change the mode's cuts (SplitFed's label placement).
+        object.__setattr__(self, "cuts", mode.with_options(options).check_cuts(self.cuts))
         for name in ("batch_size", "local_epochs", "rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -64,5 +73,5 @@ class TrainingConfig:
 
     @property
     def split_mode(self) -> SplitMode:
-        """The job's mode, from the registry."""
-        return get_mode(self.mode)
+        """The job's mode, from the registry, bound to the job's options."""
+        return get_mode(self.mode).with_options(self.mode_options)

@@ -177,8 +177,8 @@ class JobDescription:
 
     @property
     def split_mode(self) -> SplitMode:
-        """The job's mode, from the registry."""
-        return get_mode(self.mode)
+        """The job's mode, from the registry, bound to the job's options."""
+        return get_mode(self.mode).with_options(self.mode_options)
 
     def job_model(self) -> JobModel:
         """The job's model as every party builds it (from the job's seed)."""
@@ -196,6 +196,7 @@ class JobDescription:
         return TrainingConfig(
             cuts=self.cuts,
             mode=self.mode,
+            mode_options=self.mode_options,
             client_optimizer=self.client_optimizer,
             server_optimizer=self.server_optimizer,
             batch_size=self.batch_size,
@@ -330,6 +331,10 @@ def _check(
     mode = _check_mode(values, problems, normal, present, partial)
     if mode is not None:
         _check_options(mode, values, problems, normal, present, partial)
+        if "mode_options" in normal and "mode_options" not in problems:
+            # The options may change the mode's cuts (SplitFed's label placement).
+            mode = mode.with_options(normal["mode_options"])
+        _check_cuts(mode, values, problems, normal, present)
     return normal
 
 
@@ -357,7 +362,7 @@ def _check_shape(values, problems, normal, present) -> None:
 
 
 def _check_mode(values, problems, normal, present, partial) -> SplitMode | None:
-    """The mode, once it is registered; its cuts checked by the mode itself."""
+    """The mode, once it is registered (its cuts are checked once its options are)."""
     if not present("mode"):
         if partial:
             return None
@@ -367,6 +372,11 @@ def _check_mode(values, problems, normal, present, partial) -> SplitMode | None:
     except UnknownModeError as e:
         _add(problems, "mode", str(e))
         return None
+    return mode
+
+
+def _check_cuts(mode: SplitMode, values, problems, normal, present) -> None:
+    """The cuts, checked by the mode (bound to the job's options) itself."""
     if present("cuts"):
         cuts = values["cuts"]
         if isinstance(cuts, str) or not all(isinstance(c, str) and c for c in cuts):
@@ -376,7 +386,6 @@ def _check_mode(values, problems, normal, present, partial) -> SplitMode | None:
                 normal["cuts"] = mode.check_cuts(cuts)
             except ConfigError as e:
                 _add(problems, "cuts", str(e))
-    return mode
 
 
 def _check_options(mode: SplitMode, values, problems, normal, present, partial) -> None:
@@ -401,15 +410,8 @@ def _check_options(mode: SplitMode, values, problems, normal, present, partial) 
             )
     for name, option in options.items():
         value = given.get(name, option.default)
-        # A bool is an int, but not an int option's value; an int is a fine float.
-        fits = isinstance(value, bool) == (option.type is bool) and (
-            isinstance(value, option.type) or (option.type is float and _is_int(value))
-        )
-        if not fits:
-            _add(
-                problems,
-                "mode_options",
-                f"{name} must be a {option.type.__name__}, got {value!r}",
-            )
+        problem = option.problem(value)  # its type, and its choices if it has any
+        if problem is not None:
+            _add(problems, "mode_options", problem)
         filled[name] = value
     normal["mode_options"] = MappingProxyType(filled)

@@ -23,6 +23,11 @@ from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn, ServerRole, StepResult
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import Evaluation, eval_mode, evaluate
+from medsplit.training.parallel import (
+    InProcessSecureAggregation,
+    is_parallel,
+    run_parallel_round,
+)
 from medsplit.training.schedule import turn_batches, turn_limits
 from medsplit.training.setup import client_parties
 
@@ -101,8 +106,16 @@ class SplitJob:
         self.server = self._server_role(None)
         # The first hospital starts from the model's own initial weights.
         self.client_state: bytes = export_parties(self._fresh_client_parties())
+        self.initial_state: bytes = self.client_state
+        self._secure: InProcessSecureAggregation | None = None
 
-    def _server_role(self, hospital: Hospital | None) -> ServerRole:
+    def secure_aggregation(self, hospitals: Sequence[str]) -> InProcessSecureAggregation:
+        """The in-process secure aggregation of ``hospitals`` (their keys made once)."""
+        if self._secure is None or set(self._secure.hospitals) != set(hospitals):
+            self._secure = InProcessSecureAggregation(self.config.job, hospitals)
+        return self._secure
+
+    def _server_role(self, hospital: Hospital | None, party: Party | None = None) -> ServerRole:
         """The server's role for one hospital's turn, held to what that turn may send."""
         limits = None
         if hospital is not None:
@@ -111,7 +124,7 @@ class SplitJob:
                 self.config, num_classes=self.num_classes, train=len(hospital.train), val=val
             )
         return self.mode.server_role(
-            self.server_party,
+            party or self.server_party,
             self.split,
             job=self.config.job,
             codec=self.config.codec,
@@ -156,11 +169,18 @@ class SplitJob:
         on_step: StepCallback | None = None,
         on_round: Callable[[RoundReport], None] | None = None,
     ) -> list[RoundReport]:
-        """All rounds; after each, every hospital validates the current model locally."""
+        """All rounds; after each, every hospital validates the current model locally.
+
+        A mode whose round plan runs hospitals in parallel (SplitFed) runs its rounds
+        through :func:`~medsplit.training.parallel.run_parallel_round`; the others take
+        turns round-robin."""
         reports = []
+        parallel = is_parallel(self.mode, len(hospitals))
         for round_ in range(self.config.rounds):
             report = RoundReport(round_)
-            for index, hospital in enumerate(hospitals):
+            if parallel:
+                run_parallel_round(self, hospitals, round_, report, on_step)
+            for index, hospital in enumerate(() if parallel else hospitals):
                 for result in self.run_turn(hospital, index=index, round_=round_, on_step=on_step):
                     report.add(result)
             segments = self.segments()

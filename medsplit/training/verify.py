@@ -11,6 +11,8 @@ import torch
 from medsplit.data import Split
 from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
+from medsplit.training.parallel import is_parallel
+from medsplit.training.parallel_reference import train_parallel_unsplit
 from medsplit.training.reference import train_unsplit
 from medsplit.training.split_job import Hospital, SplitJob
 
@@ -65,13 +67,18 @@ def verify_split(
 
     Both runs start from ``model``'s weights and see the same batches in the same order
     with the same per-parameter optimizers; with codec ``none`` they must agree exactly.
+    A parallel mode (SplitFed) is held to :func:`train_parallel_unsplit`, its split run
+    combining the hospitals' segments by secure aggregation, the reference in the clear.
     """
     example = splits[0].images[:2]
     with deterministic():
         job = SplitJob(model, example, config, loss_fn=loss_fn)
         hospitals = [Hospital(f"hospital-{i}", s) for i, s in enumerate(splits)]
         steps = sum(r.steps for r in job.run(hospitals))
-        reference = train_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
+        if is_parallel(job.mode, len(splits)):
+            reference = train_parallel_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
+        else:
+            reference = train_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
     got = job.state_dict()
     want_all = reference.state_dict()
     extra = sorted(set(got) - set(want_all))

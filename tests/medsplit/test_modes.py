@@ -154,6 +154,7 @@ def test_vanilla_describes_itself() -> None:
             {"index": 1, "party": "server", "side": "server"},
         ],
         "options": [],
+        "runs_on_platform": True,
     }
 
 

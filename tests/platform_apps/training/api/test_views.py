@@ -95,7 +95,8 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
         response = client.get("/api/modes/")
         assert response.status_code == 200, response.content
         modes = {m["name"]: m for m in response.json()}
-        assert list(modes) == ["vanilla", "ushaped"]
+        assert list(modes) == ["vanilla", "ushaped", "splitfed"]
+        assert modes["splitfed"]["runs_on_platform"] is False
         assert modes["vanilla"] == {
             "name": "vanilla",
             "title": "Vanilla",
@@ -107,6 +108,7 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
                 {"index": 1, "party": "server", "side": "server"},
             ],
             "options": [],
+            "runs_on_platform": True,
         }
         ushaped = modes["ushaped"]
         assert (ushaped["cuts"], ushaped["labels"]) == (2, "hospital")
