@@ -79,7 +79,11 @@ def test_models_lists_the_registry(admin, olga) -> None:
         small = {m["name"]: m for m in response.json()}["small_cnn"]
         assert small["default_input_shape"] == [1, 28, 28] and small["default_cut"] == "pool1"
         # Each mode picks the model's default cuts (medsplit.modes.SplitMode.default_cuts).
-        assert small["default_cuts"] == {"vanilla": ["pool1"], "ushaped": ["pool1", "pool"]}
+        assert small["default_cuts"] == {
+            "vanilla": ["pool1"],
+            "ushaped": ["pool1", "pool"],
+            "splitfed": ["pool1"],
+        }
 
 
 def test_models_refuse_no_role_agents_and_strangers(nora, agent_client, hospital_a) -> None:
