@@ -16,11 +16,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from medsplit.channel import RelayKeys
+from medsplit.channel import Channel, RelayKeys
+from medsplit.cutting import SplitModel
+from medsplit.data import Split
 from medsplit.errors import RoundPlanError
 from medsplit.modes import GroupServer, SplitMode, StartFrom
 from medsplit.modes.splitfed import combine_counts, split_state
@@ -28,7 +30,7 @@ from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.keys import RecipientKey, SignedRecipientKey, generate_identity_key
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import ClientRole, ServerRole, StepResult
+from medsplit.protocol.roles import ClientRole, LossFn, ServerRole, StepResult
 from medsplit.secagg import (
     Aggregate,
     Aggregator,
@@ -39,10 +41,41 @@ from medsplit.secagg import (
     SecAggError,
     VectorLayout,
 )
+from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import Batch, turn_batches, turn_length
 
-if TYPE_CHECKING:
-    from medsplit.training.split_job import Hospital, RoundReport, SplitJob
+
+class Hospital(Protocol):
+    """What a round needs of a hospital (``split_job.Hospital`` is one)."""
+
+    name: str
+    train: Split
+
+
+class RoundReport(Protocol):
+    """What a round adds its steps to (``split_job.RoundReport`` is one)."""
+
+    def add(self, result: StepResult) -> None: ...
+
+
+class SplitJob(Protocol):
+    """What a round needs of the in-process job (``split_job.SplitJob`` is one; typed
+    here so that this module does not import it back)."""
+
+    mode: SplitMode
+    config: TrainingConfig
+    split: SplitModel
+    channel: Channel
+    loss_fn: LossFn | None
+    initial_state: bytes
+    client_state: bytes
+    server_party: Party
+
+    def _fresh_client_parties(self) -> dict[str, Party]: ...
+
+    def _server_role(self, hospital: Hospital | None, party: Party | None = None) -> ServerRole: ...
+
+    def secure_aggregation(self, hospitals: Sequence[str]) -> InProcessSecureAggregation: ...
 
 
 def is_parallel(mode: SplitMode, hospitals: int) -> bool:
