@@ -21,8 +21,6 @@ class TrainingConfig:
     Attributes:
         cuts: submodule names to cut after, as many as the mode cuts.
         mode: the name of a registered mode (:mod:`medsplit.modes`).
-        mode_options: the mode's own settings (:meth:`SplitMode.options`); defaults
-            filled in, read-only.
         client_optimizer: optimizer of the hospitals' segments.
         server_optimizer: optimizer of the server's segment.
         batch_size: samples per step.
@@ -33,11 +31,12 @@ class TrainingConfig:
         seed: seeds the batch order of every hospital, turn and epoch.
         job: the job id written into every frame.
         drop_last: skip a final short batch (batch norm cannot train on one sample).
+        mode_options: the mode's own settings (:meth:`SplitMode.options`); defaults
+            filled in, read-only (last, so that positional callers keep their order).
     """
 
     cuts: tuple[str, ...]
     mode: str = DEFAULT_MODE
-    mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     client_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     server_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     batch_size: int = 32
@@ -48,6 +47,7 @@ class TrainingConfig:
     seed: int = 0
     job: str = "local"
     drop_last: bool = True
+    mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
