@@ -123,7 +123,8 @@ def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
     form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
     mode = form.locator("select[name=mode]")
     options = mode.locator("option").evaluate_all("nodes => nodes.map(n => [n.value, n.text])")
-    assert options == [["vanilla", "Vanilla"], ["ushaped", "U-shaped"]]
+    # SplitFed is listed too (GET /api/modes/ says runs_on_platform: false).
+    assert options == [["vanilla", "Vanilla"], ["ushaped", "U-shaped"], ["splitfed", "SplitFed"]]
     codecs = form.locator("select[name=codec] option")
     assert codecs.evaluate_all("nodes => nodes.map(n => [n.value, n.text])") == [
         ["none", "none (exact)"],
