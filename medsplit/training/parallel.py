@@ -57,6 +57,8 @@ class RoundReport(Protocol):
 
     def add(self, result: StepResult) -> None: ...
 
+    def add_transfer(self, *, up: int, down: int) -> None: ...
+
 
 class SplitJob(Protocol):
     """What a round needs of the in-process job (``split_job.SplitJob`` is one; typed
@@ -267,6 +269,7 @@ def run_parallel_round(
                 {t.hospital.name: s for t, s in zip(turns, states, strict=True)},
                 {t.hospital.name: w for t, w in zip(turns, weights, strict=True)},
             )
+            report.add_transfer(up=secure.last_bytes_up, down=secure.last_bytes_down)
         else:
             combined = mode.combine_weighted(states, weights)
         fresh = job._fresh_client_parties()

@@ -57,6 +57,12 @@ class RoundReport:
     def mean_loss(self) -> float:
         return self.loss_sum / self.steps if self.steps else float("nan")
 
+    def add_transfer(self, *, up: int, down: int) -> None:
+        """Bytes that crossed outside the steps (SplitFed's masked submissions up, the
+        aggregate down to each hospital)."""
+        self.bytes_up += up
+        self.bytes_down += down
+
     def add(self, result: StepResult) -> None:
         self.steps += 1
         self.samples += result.samples

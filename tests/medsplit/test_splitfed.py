@@ -86,7 +86,10 @@ def test_the_average_is_weighted_by_each_hospitals_samples() -> None:
     cfg = config("v1", "server", rounds=1)
     with deterministic():
         job = SplitJob(model, splits[0].images[:2], cfg)
-        job.run([Hospital(f"h{i}", s) for i, s in enumerate(splits)])
+        steps = []
+        (report,) = job.run(
+            [Hospital(f"h{i}", s) for i, s in enumerate(splits)], on_step=steps.append
+        )
         alone = [
             train_unsplit(
                 model,
@@ -97,6 +100,11 @@ def test_the_average_is_weighted_by_each_hospitals_samples() -> None:
             ).state_dict()
             for i, s in enumerate(splits)
         ]
+    # The masked fronts up and the aggregate down to each hospital count as traffic.
+    secure = job.secure_aggregation([f"h{i}" for i in range(3)])
+    assert secure.last_bytes_up > 3 * 8 * (64 * 32 + 32 + 2 * 32)  # 8 bytes a value
+    assert report.bytes_up == sum(r.bytes_up for r in steps) + secure.last_bytes_up
+    assert report.bytes_down == sum(r.bytes_down for r in steps) + secure.last_bytes_down
     got = job.state_dict()
     fixed, total = FixedPoint(), sum(SIZES)
     for name, value in got.items():
