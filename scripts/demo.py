@@ -326,7 +326,7 @@ def start_redis(children: Children, prefix: str) -> Relay:
     )  # fmt: skip
     for _ in range(100):
         if redis_answers(relay.url):
-            say(f"Redis: started {binary} on port {port} (REDIS_URL is not set)")
+            say(f"Redis: started {binary} on port {port} in {folder} (REDIS_URL is not set)")
             return relay
         children.check()
         time.sleep(0.1)

@@ -221,7 +221,7 @@ def on_shared_redis(
 @pytest.mark.slow
 def test_it_says_which_redis_and_prefix_it_uses(on_shared_redis) -> None:
     run = on_shared_redis["run"]
-    assert "Redis: the one at 127.0.0.1:6379/0 (REDIS_URL)" in run.output
+    assert f"Redis: the one at {DEFAULT_URL} (REDIS_URL)" in run.output
     assert on_shared_redis["prefix"].startswith("demo-")
 
 
