@@ -6,9 +6,9 @@ Run by ``scripts/demo`` (which installs everything first); ``--help`` for the op
 After the job everything stays up (the dashboard too) until Ctrl-C, which stops every
 process the demo started and exits 0; ``--exit-when-done`` stops at the job's end instead.
 
-Exit codes: 0 done (or stopped by Ctrl-C after the job), 1 the job failed or a process
-died, 2 bad arguments (``--data``, ``--work-dir``, ``--port``), 130 Ctrl-C before the job
-ended.
+Exit codes: 0 the job completed (and, without ``--exit-when-done``, Ctrl-C stopped the
+demo after it), 1 the job failed or a process died, 2 bad arguments (``--data``,
+``--work-dir``, ``--port``, ``REDIS_URL``), 130 Ctrl-C before the job ended.
 """
 
 from __future__ import annotations
@@ -395,21 +395,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     relay: Relay | None = None
-    finished = False
+    ended: int | None = None  # the exit code once the job ended
     try:
         relay = start_redis(children, prefix)
         say(f"every Redis key and user of this run starts with {prefix}")
         env.update(REDIS_URL=relay.url, CELERY_BROKER_URL=relay.url)
-        code = run(args, dataset, work, env, children)
-        finished = True
-        if code == 0 and not args.exit_when_done:
+        ended = run(args, dataset, work, env, children)
+        if not args.exit_when_done:
+            # Up until Ctrl-C, a failed job too: the dashboard says what happened.
+            say("Ctrl-C stops every process the demo started")
             while True:
                 children.check()
                 time.sleep(1)
-        return code
+        return ended
     except KeyboardInterrupt:
         say("stopping (Ctrl-C)")
-        return 0 if finished else 130
+        return 130 if ended is None else ended
     except DemoError as e:
         print(f"medsplit demo: error: {e}", file=sys.stderr)
         return 2
@@ -543,8 +544,11 @@ def run(
         if job.state in ("completed", "failed", "cancelled"):
             break
         time.sleep(1)
+    sign_in_again = f"{base}/#/jobs/{job.pk}  ({sign_in})"
     if job.state != "completed":
         say(f"the job {job.state}: {job.state_reason}")
+        if not args.exit_when_done:
+            say(f"the dashboard stays up: {sign_in_again}")
         return 1
     final = work.path / "agent-0" / "jobs" / f"job-{job.pk}" / "final.safetensors"
     while not final.exists():
@@ -559,10 +563,8 @@ def run(
         f"done in {trained:.0f} s: test accuracy {accuracy:.3f} ({baseline.describe()}), "
         f"AUC {auc:.3f} (chance 0.5) on {len(dataset.test.labels)} test images"
     )
-    if args.exit_when_done:
-        return 0
-    say(f"the dashboard stays up: {base}/#/jobs/{job.pk}  ({sign_in})")
-    say("Ctrl-C stops every process the demo started")
+    if not args.exit_when_done:
+        say(f"the dashboard stays up: {sign_in_again}")
     return 0
 
 
