@@ -361,6 +361,9 @@ def _interrupt(*_: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C (and a SIGTERM) end the demo even where the shell started it ignoring SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     args = parse_args(argv)
     try:
         dataset = load_data(args.data)
@@ -370,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     except DemoError as e:
         print(f"medsplit demo: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130  # nothing started yet
     # Unique per run: two demos, or a demo and the test suite, on one Redis never meet.
     prefix = f"demo-{secrets.token_hex(4)}"
     env = {
@@ -391,9 +396,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("MEDSPLIT_WORKER_REDIS_URL", "MEDSPLIT_RELAY_URL", "MEDSPLIT_CELERY_TURN_QUEUE"):
         env.pop(name, None)
     children = Children(work, env)
-    # Ctrl-C (and a SIGTERM) end the demo even where the shell started it ignoring SIGINT.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
     relay: Relay | None = None
     ended: int | None = None  # the exit code once the job ended
     try:

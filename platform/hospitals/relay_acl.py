@@ -73,6 +73,12 @@ def relay_username(slug: str, keys: RelayKeys | None = None) -> str:
     return f"{(keys or relay_keys()).prefix}-hospital-{slug}"
 
 
+def legacy_relay_username(slug: str) -> str:
+    """The name hospitals enrolled before user names carried the prefix were given (their
+    agents still log in with it, so their users keep it until they enrol again)."""
+    return f"hospital-{slug}"
+
+
 def workers_username(keys: RelayKeys | None = None) -> str:
     """The default Redis user of the workers: ``<prefix>-workers``."""
     return f"{(keys or relay_keys()).prefix}-workers"
@@ -230,7 +236,9 @@ def agent_acl_rules(
             in another ACL rule).
     """
     keys = keys or relay_keys()
-    match = re.fullmatch(rf"{re.escape(keys.prefix)}-hospital-{_SLUG}", username)
+    match = re.fullmatch(rf"{re.escape(keys.prefix)}-hospital-{_SLUG}", username) or (
+        re.fullmatch(rf"hospital-{_SLUG}", username)  # legacy_relay_username
+    )
     if match is None:
         raise ValueError(f"{username!r} is not a hospital relay user name of this deployment")
     _check_digest(password_sha256)
@@ -302,7 +310,7 @@ class RedisAclUsers:
         )
 
     def provision(self, *, username: str, password_sha256: str, slug: str) -> None:
-        if username != relay_username(slug):
+        if username not in (relay_username(slug), legacy_relay_username(slug)):
             raise ValueError(f"relay user {username!r} is not hospital {slug!r}'s")
 
         def rules(client: redis.Redis) -> list[str]:

@@ -29,6 +29,7 @@ from hospitals.relay_acl import (
     RedisAclUsers,
     agent_acl_rules,
     get_provisioner,
+    legacy_relay_username,
     relay_keys,
     relay_username,
 )
@@ -148,6 +149,13 @@ def test_the_rules_are_exactly_these() -> None:
     ]
 
 
+def test_a_user_named_before_names_carried_the_prefix_keeps_the_same_rules() -> None:
+    """Hospitals enrolled before: their agents log in as ``hospital-<slug>``."""
+    digest = "ab" * 32
+    legacy = agent_acl_rules(username=legacy_relay_username("st-marys"), password_sha256=digest)
+    assert legacy == agent_acl_rules(username=relay_username("st-marys"), password_sha256=digest)
+
+
 @pytest.mark.parametrize(
     ("username", "digest"),
     [
@@ -155,7 +163,6 @@ def test_the_rules_are_exactly_these() -> None:
         ("{p}-hospital-x", "not-a-digest"),
         ("{p}-hospital-x +@all", "ab" * 32),
         ("{p}-hospital-X", "ab" * 32),
-        ("hospital-x", "ab" * 32),  # no deployment prefix
         ("other-hospital-x", "ab" * 32),  # another deployment's
     ],
 )
