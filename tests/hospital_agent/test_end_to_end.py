@@ -123,7 +123,7 @@ def consortium(live_server, settings, redis_url: str, admin_actor: Actor):
     yield live_server.url
     # The hospitals' Redis users this test made (the shared Redis keeps them otherwise).
     for user in set(admin.execute_command("ACL", "USERS")) - before:
-        if user.startswith(b"hospital-"):
+        if user.startswith(f"{settings.MEDSPLIT['RELAY_PREFIX']}-hospital-".encode()):
             admin.execute_command("ACL", "DELUSER", user)
     admin.close()
 
