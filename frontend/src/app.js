@@ -56,7 +56,7 @@ function showReachability(now) {
     if (renderFailed) render();
     return;
   }
-  const since = new Date().toLocaleTimeString();
+  const since = new Date().toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
   banner.textContent = `The coordinator at ${window.location.origin} is not answering; retrying… (since ${since}; what the page shows is from before)`;
   if (!probeTimer) probe();
 }

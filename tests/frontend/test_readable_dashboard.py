@@ -252,8 +252,7 @@ def test_a_hospital_in_its_turn_shows_so_everywhere(
     page = open_page()
     sign_in(page, consortium_admin.username)
     row = page.get_by_test_id(f"job-row-{job_mid_run.pk}")
-    expect(row).to_contain_text(running.name)
-    expect(row).to_contain_text("running")
+    expect(row).to_contain_text(f"{running.name} in its turn")
     overview = page.get_by_test_id("overview-hospitals")
     expect(overview.get_by_test_id(f"in-turn-{running.slug}")).to_contain_text(
         "in its turn pneumonia, round 2"
@@ -278,6 +277,7 @@ def test_audit_details_read_as_words_with_the_json_on_demand(
     summary = row.get_by_test_id("audit-summary")
     expect(summary).to_contain_text("crossed: up: activations (pool1); labels (labels)")
     expect(summary).to_contain_text("bytes up: 195.3 KiB")
+    expect(summary).to_contain_text("metrics: train loss 0.6100, val accuracy 0.7500")
     assert '{"' not in summary.inner_text()
     shown = row.get_by_test_id("audit-json")
     expect(shown).to_be_hidden()

@@ -163,7 +163,7 @@ function valueText(key, value) {
   if (key === "crossed") return crossedText(value);
   const entries = Object.entries(value);
   if (!entries.length) return "none";
-  if (entries.length <= 4 && entries.every(([, v]) => v === null || typeof v !== "object")) {
+  if (entries.length <= 6 && entries.every(([, v]) => v === null || typeof v !== "object")) {
     return entries.map(([k, v]) => `${k.replace(/_/g, " ")} ${valueText(k, v)}`).join(", ");
   }
   return `${entries.length} fields`;
@@ -177,7 +177,7 @@ function detailsCell(details) {
   const entries = Object.entries(details);
   const pairs = entries
     .slice(0, MAX_PAIRS)
-    .map(([key, value]) => `${key.replace(/_/g, " ")}: ${truncate(valueText(key, value), MAX_VALUE)}`);
+    .map(([key, value]) => `${key.replace(/_/g, " ")}: ${truncate(valueText(key, value), key === "crossed" ? 3 * MAX_VALUE : 2 * MAX_VALUE)}`);
   if (entries.length > MAX_PAIRS) pairs.push(`+${entries.length - MAX_PAIRS} more`);
   return el(
     "div",

@@ -141,16 +141,21 @@ const roundLines = {
     ctx.setLineDash([4, 4]);
     ctx.font = "11px system-ui, sans-serif";
     ctx.textAlign = "left";
-    const every = Math.max(1, Math.ceil(starts.length / 12)); // labels stay apart at 20+ rounds
-    starts.forEach((start, i) => {
+    let free = -Infinity; // where the last label ended: a label that would touch it is left out
+    for (const start of starts) {
       const x = scales.x.getPixelForValue(start.start);
-      if (x < chartArea.left - 1 || x > chartArea.right + 1) return;
+      if (x < chartArea.left - 1 || x > chartArea.right + 1) continue;
       ctx.beginPath();
       ctx.moveTo(x, chartArea.top);
       ctx.lineTo(x, chartArea.bottom);
       ctx.stroke();
-      if (i % every === 0) ctx.fillText(`round ${start.round + 1}`, x + 3, chartArea.top + 11);
-    });
+      const text = free === -Infinity ? `round ${start.round + 1}` : String(start.round + 1);
+      const width = ctx.measureText(text).width;
+      if (x + 3 >= free && x + 3 + width <= chartArea.right) {
+        ctx.fillText(text, x + 3, chartArea.top + 11);
+        free = x + 3 + width + 6;
+      }
+    }
     ctx.restore();
   },
 };
@@ -362,6 +367,8 @@ export async function render(root, [id], session) {
           backgroundColor: colourOf(slug),
           pointRadius: 0,
           borderWidth: 1.5,
+          // From one of its turns to its next the line runs over the others' turns: dotted.
+          segment: { borderDash: (ctx) => (betweenTurns(ctx.p0.parsed.x, ctx.p1.parsed.x) ? [2, 4] : undefined) },
         })),
       },
       options: lossOptions,
@@ -437,6 +444,12 @@ export async function render(root, [id], session) {
     chartNote.textContent = "Charts are unavailable: the chart library did not load.";
   }
 
+  // A hospital takes one turn a round: two of its points with a round's start between
+  // them belong to two of its turns.
+  function betweenTurns(x0, x1) {
+    return (series?.rounds || []).some((r) => x0 < r.start && r.start <= x1);
+  }
+
   function updateCharts() {
     if (stopped || !Chart) return;
     // Loss: one curve per hospital over the job's steps (GET loss-series/).
@@ -454,7 +467,7 @@ export async function render(root, [id], session) {
         ? "Each hospital computes its own loss in this mode; its agent reports it (one number, about once a second)."
         : "The loss as the server computes it at each step.";
     lossNote.textContent = anyLoss
-      ? `${from} Dashed lines: where each round starts.`
+      ? `${from} Dashed grey lines: where each round starts, numbered; dotted: a hospital's curve from one of its turns to its next.`
       : series?.loss_from === "hospital"
         ? `${from} None reported yet (an agent may be set not to: report_loss = false).`
         : "No loss yet: it appears with the first steps.";

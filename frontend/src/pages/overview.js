@@ -298,7 +298,8 @@ function jobTable(rows) {
                   {},
                   el("a", { href: `#/hospitals/${status.hospital}` }, names[status.hospital] || status.hospital),
                   " ",
-                  turn ? badge(turn.status) : null,
+                  // The same words as the hospitals table, from the same record.
+                  turn ? (turn.status === "running" ? badge("in its turn", "busy") : badge(turn.status)) : null,
                   turn && turn.attempt > 1 ? el("span", { class: "muted" }, ` attempt ${turn.attempt}`) : null,
                 )
               : el("span", { class: "muted" }, "–"),
