@@ -445,9 +445,10 @@ export async function render(root, [id], session) {
   }
 
   // A hospital takes one turn a round: two of its points with a round's start between
-  // them belong to two of its turns.
+  // them belong to two of its turns (a turn's last step may sit on the next round's start;
+  // the next turn's first step lies after it).
   function betweenTurns(x0, x1) {
-    return (series?.rounds || []).some((r) => x0 < r.start && r.start <= x1);
+    return (series?.rounds || []).some((r) => x0 <= r.start && r.start < x1);
   }
 
   function updateCharts() {
@@ -685,7 +686,11 @@ export async function render(root, [id], session) {
 
   async function loadBaselines() {
     // A hospital admin sees their own hospital only: the others' turns show no metrics.
-    const hospitals = (await apiAll("hospitals/")) || [];
+    const hospitals =
+      (await apiAll("hospitals/").catch((error) => {
+        if (error instanceof CoordinatorUnreachable) throw error;
+        return []; // not theirs to read: the accuracies say the baseline is not known
+      })) || [];
     baselinesLoaded = true;
     for (const h of hospitals) {
       const share = majorityShare(h.dataset_summary);
