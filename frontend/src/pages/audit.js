@@ -133,6 +133,15 @@ const MAX_VALUE = 60;
 const MAX_PAIRS = 6;
 const whole = new Intl.NumberFormat();
 
+// PostgreSQL keeps JSON objects in its own key order: the summary orders them itself, the
+// usual keys of an event first, the rest (and every nested map) alphabetically.
+const FIRST = ["reason", "round", "position", "attempt", "steps", "samples", "bytes_up", "bytes_down", "metrics", "crossed"];
+const sorted = (object) => Object.entries(object).sort(([a], [b]) => a.localeCompare(b));
+function ordered(details) {
+  const rank = (key) => (FIRST.includes(key) ? FIRST.indexOf(key) : FIRST.length);
+  return sorted(details).sort(([a], [b]) => rank(a) - rank(b));
+}
+
 function truncate(text, max) {
   return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }
@@ -140,9 +149,10 @@ function truncate(text, max) {
 /** What crossed the cut ({"up"|"down": {kind: {tensor: dtype}}}) in words: names only. */
 function crossedText(crossed) {
   const sides = [];
-  for (const [direction, kinds] of Object.entries(crossed || {})) {
-    const parts = Object.entries(kinds || {}).map(([kind, tensors]) => {
-      const names = Object.keys(tensors || {});
+  for (const direction of ["up", "down", ...Object.keys(crossed || {}).filter((d) => d !== "up" && d !== "down")]) {
+    const kinds = (crossed || {})[direction];
+    const parts = sorted(kinds || {}).map(([kind, tensors]) => {
+      const names = Object.keys(tensors || {}).sort();
       return `${kind.replace(/_/g, " ")} (${names.join(", ") || "nothing"})`;
     });
     if (parts.length) sides.push(`${direction}: ${parts.join("; ")}`);
@@ -161,7 +171,7 @@ function valueText(key, value) {
   if (typeof value === "string") return value || "“”";
   if (Array.isArray(value)) return value.length <= 4 ? value.map((v) => valueText(key, v)).join(", ") : `${value.length} items`;
   if (key === "crossed") return crossedText(value);
-  const entries = Object.entries(value);
+  const entries = sorted(value);
   if (!entries.length) return "none";
   if (entries.length <= 6 && entries.every(([, v]) => v === null || typeof v !== "object")) {
     return entries.map(([k, v]) => `${k.replace(/_/g, " ")} ${valueText(k, v)}`).join(", ");
@@ -174,7 +184,7 @@ function detailsCell(details) {
   if (!details || typeof details !== "object" || !Object.keys(details).length) {
     return el("span", { class: "muted" }, "–");
   }
-  const entries = Object.entries(details);
+  const entries = ordered(details);
   const pairs = entries
     .slice(0, MAX_PAIRS)
     .map(([key, value]) => `${key.replace(/_/g, " ")}: ${truncate(valueText(key, value), key === "crossed" ? 3 * MAX_VALUE : 2 * MAX_VALUE)}`);
