@@ -201,12 +201,14 @@ def job_loss_series(*, actor: Actor, job: Job) -> dict[str, Any]:
     completed attempt counts, or else the latest. Where the loss is computed (the job
     mode's ``labels``) says whose it is: the worker's, or the one the hospital reported.
 
-    A hospital admin gets the curve of their own hospital only; another hospital's turn
-    then counts on the axis as the steps its sample count makes (what they see of it).
+    A hospital admin gets the curve and the turn length of their own hospital only (the
+    others' split sizes are theirs); another hospital's turn then counts on the axis as the
+    steps its sample count makes (what they see of it).
 
     Returns:
         ``{"loss_from", "total_steps", "rounds": [{"round", "start"}], "turn_steps":
-        {slug: steps per turn or None}, "series": [{"hospital", "points": [[x, loss]]}]}``.
+        {slug: steps per turn, or None: not reported, or not yours to see}, "series":
+        [{"hospital", "points": [[x, loss]]}]}``.
     """
     config = job.training_config()
     participants = list(job.participants.select_related("hospital").order_by("position"))
@@ -259,7 +261,14 @@ def job_loss_series(*, actor: Actor, job: Job) -> dict[str, Any]:
         "loss_from": MODES[job.mode].labels.value if job.mode in MODES else None,
         "total_steps": cursor,
         "rounds": rounds,
-        "turn_steps": {p.hospital.slug: _turn_steps(config, p.hospital) for p in participants},
+        "turn_steps": {
+            p.hospital.slug: (
+                _turn_steps(config, p.hospital)
+                if all_sees or sees_participant_in_full(actor, p.hospital_id)
+                else None
+            )
+            for p in participants
+        },
         "series": series,
     }
 

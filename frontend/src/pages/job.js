@@ -609,6 +609,8 @@ export async function render(root, [id], session) {
       leftSub = `the job is ${state}`;
     } else if (!places) {
       leftSub = "no participants";
+    } else if (unknown.length && session.me?.role === "hospital_admin") {
+      leftSub = "the other hospitals' split sizes are not shown to you, so the steps to go are not known";
     } else if (unknown.length) {
       leftSub = `${unknown.map(hospitalName).join(", ")} reported no split sizes yet, so the steps to go are not known`;
     } else {

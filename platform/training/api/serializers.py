@@ -224,7 +224,8 @@ class LossSeriesSerializer(serializers.Serializer):
     turn_steps = serializers.DictField(
         child=serializers.IntegerField(allow_null=True),
         help_text="steps one turn of each hospital takes (its reported training split, batch "
-        "size, local epochs, drop_last, step limit); null before it reported split sizes",
+        "size, local epochs, drop_last, step limit); null before it reported split sizes, and "
+        "for a hospital admin, of the other hospitals",
     )
     series = LossCurveSerializer(many=True, help_text="one curve per hospital you see")
 

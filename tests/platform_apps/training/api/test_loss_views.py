@@ -52,6 +52,9 @@ def test_loss_series_is_one_curve_per_hospital_over_the_jobs_steps(
     mine = hal.get(f"/api/jobs/{job.pk}/loss-series/").json()
     assert [c["hospital"] for c in mine["series"]] == [three_hospitals[0].slug]
     assert mine["rounds"] == body["rounds"]
+    assert mine["turn_steps"] == {
+        h.slug: (2 if i == 0 else None) for i, h in enumerate(three_hospitals)
+    }
 
 
 def test_loss_series_is_thinned_to_a_readable_number_of_points(admin, make_job) -> None:
