@@ -220,10 +220,11 @@ def agent_loss_report(*, actor: Actor, job_id: int, turn_id: int, step: int, los
             "hospital's is not taken",
             details={"mode": job.mode},
         )
-    if job.max_steps_per_turn is not None and step > job.max_steps_per_turn:
+    cap = job.job_description().max_steps_per_turn
+    if cap is not None and step > cap:
         raise InvalidInput(
             "the step is beyond the turn's limit",
-            details={"step": [f"at most {job.max_steps_per_turn} steps per turn in this job"]},
+            details={"step": [f"at most {cap} steps per turn in this job"]},
         )
     if turn.status != Turn.Status.RUNNING:
         running = Turn.objects.filter(
