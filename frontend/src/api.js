@@ -1,11 +1,13 @@
 // The coordinator's REST API, with the session cookie and Django's CSRF token.
 
 export class ApiError extends Error {
-  constructor(status, body) {
+  constructor(status, body, retryAfter = null) {
     super(body?.message || `request failed (${status})`);
     this.status = status;
     this.code = body?.code || "error";
     this.details = body?.details || {};
+    // Seconds the coordinator asked to wait (Retry-After of a 429), or null.
+    this.retryAfter = retryAfter;
   }
 }
 
@@ -68,7 +70,10 @@ export async function api(path, { method = "GET", body, query } = {}) {
   }
   setReachable(true);
   if (response.status === 204) return null;
-  if (!response.ok) throw new ApiError(response.status, data);
+  if (!response.ok) {
+    const wait = Number.parseInt(response.headers.get("Retry-After") || "", 10);
+    throw new ApiError(response.status, data, Number.isFinite(wait) ? wait : null);
+  }
   return data;
 }
 
