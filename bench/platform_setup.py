@@ -317,7 +317,8 @@ def cleanup_redis(
         from medsplit.channel import RelayKeys
 
         keys = RelayKeys(os.environ.get("MEDSPLIT_RELAY_PREFIX", "medsplit"))
-        patterns = [f"{queue}*"]
+        celery = keys.celery_prefix()  # kombu's global_keyprefix (coordinator/settings.py)
+        patterns = [f"{celery}{queue}*"]
         for slug in slugs:
             mine = keys.patterns_of(slug)
             patterns += mine if handoffs else mine[:1]
@@ -325,10 +326,12 @@ def cleanup_redis(
             for key in client.scan_iter(match=pattern, count=1000):
                 deleted += client.delete(key)
         # Kombu's bindings of the queue (the second name in recent kombu versions).
-        deleted += client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        deleted += client.delete(
+            f"{celery}_kombu.binding.{queue}", f"{celery}_kombu.binding_permanent.{queue}"
+        )
         if acl_users:
             for slug in slugs:
-                client.execute_command("ACL", "DELUSER", f"hospital-{slug}")
+                client.execute_command("ACL", "DELUSER", f"{keys.prefix}-hospital-{slug}")
     finally:
         client.close()
     return deleted

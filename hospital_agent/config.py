@@ -157,6 +157,9 @@ KEYS: tuple[Key, ...] = (
     Key("deterministic", bool, True,
         "deterministic kernels only, as the workers use, so that a job equals unsplit "
         "training bit for bit on cuda too (sets CUBLAS_WORKSPACE_CONFIG)"),
+    Key("report_loss", bool, True,
+        "in modes whose loss is computed here (U-shaped), tell the coordinator this "
+        "hospital's training loss (one number, about once a second) for its dashboard"),
     Key("extra_modes", str, None,
         "split-learning modes this agent runs beyond the built-in ones, "
         "package.module:ClassName separated by commas", metavar="MODULE:CLASS,..."),
@@ -202,6 +205,7 @@ class AgentConfig:
     reply_timeout: float = _default("reply_timeout")
     deterministic: bool = _default("deterministic")
     extra_modes: str | None = _default("extra_modes")
+    report_loss: bool = _default("report_loss")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -161,6 +161,23 @@ class Coordinator:
         body = {"turn": turn, "reason": reason}
         return self._call("POST", f"/api/agent/assignments/{job}/problems/", json=body)
 
+    def report_loss(self, *, job: int, turn: int, step: int, loss: float) -> dict[str, Any]:
+        """The hospital's own training loss at ``step`` of its running turn (modes whose
+        loss is computed at the hospital). Tried for a couple of seconds only: a late
+        report is worth nothing (``hospital_agent/loss_report.py``)."""
+        body = {"turn": turn, "step": step, "loss": loss}
+        path = f"/api/agent/assignments/{job}/progress/"
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        response = retrying(
+            lambda: self._once(
+                "POST", path, json=body, headers=headers, timeout=5.0, verify=self._verify
+            ),
+            what=f"POST {path}",
+            backoff=Backoff(first=0.5, longest=1.0, give_up_after=2.0),
+            stopping=self.stopping,
+        )
+        return response.json()
+
     # -- plumbing -------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:

@@ -39,13 +39,14 @@ from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefus
 from hospital_agent.data import DataProblem, LocalData, load_local, prepare
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
+from hospital_agent.loss_report import LossReporter
 from hospital_agent.pins import PeerKeyRefused, Pins, check_own_identity
 from hospital_agent.relay import Relay
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.errors import ChannelError, ConfigError, SealError
-from medsplit.modes import StartFrom, require_mode
+from medsplit.modes import Side, StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.keys import SignedRecipientKey
@@ -214,10 +215,13 @@ class TurnTaker:
         )
         folder = self.jobs_dir(job) / f"round-{turn['round']}-position-{ids.position}"
         bar = tqdm(total=None, desc=f"job {job} round {turn['round']}", unit="step", leave=False)
+        reporter: LossReporter | None = None
 
         def on_step(result: StepResult) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.4f}")
+            if reporter is not None:
+                reporter.saw(result.ids.step + 1, result.loss)
 
         client = TurnClient(
             ids=ids,
@@ -239,6 +243,12 @@ class TurnTaker:
             ),
         )
         bar.total = client.train_steps
+        # Where the loss is computed here, only this agent can tell the dashboard.
+        mode = require_mode(config.mode, setting=EXTRA_MODES_SETTING)
+        if self.config.report_loss and mode.labels == Side.HOSPITAL:
+            reporter = LossReporter(
+                self.coordinator, job=job, turn=turn["id"], last_step=client.train_steps
+            )
         self.on_status("busy")
         logger.info(
             "job %s round %s: my turn (%d training steps, %d validation batches)",
@@ -254,6 +264,8 @@ class TurnTaker:
             return ClientOutcome.STOPPED
         finally:
             bar.close()
+            if reporter is not None:
+                reporter.close()
             client.channel.close()
             self.on_status("idle")
         if outcome == ClientOutcome.COMPLETED:

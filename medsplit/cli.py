@@ -26,7 +26,9 @@ from medsplit.modes import (
 )
 from medsplit.protocol.optim import OPTIMIZERS, OptimizerConfig
 from medsplit.training.config import TrainingConfig
-from medsplit.training.simulate import SimulationData, SimulationSetup, simulate
+from medsplit.training.evaluate import MajorityBaseline, majority_baseline
+from medsplit.training.schedule import turn_length
+from medsplit.training.simulate import SimulationData, SimulationSetup, load_hospitals, simulate
 from medsplit.training.split_job import RoundReport
 from medsplit.training.verify import verify_split
 from medsplit.wire.codecs import CODECS
@@ -88,10 +90,24 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--data", type=Path, help="a MedMNIST .npz (default: synthetic images)")
     sim.add_argument("--samples", type=int, default=600, help="synthetic training images")
     sim.add_argument("--rounds", type=int, default=3)
-    sim.add_argument("--local-epochs", type=int, default=1)
+    sim.add_argument("--local-epochs", type=int, default=10, help="per turn (default 10)")
     sim.add_argument("--max-steps-per-turn", type=int)
+    sim.add_argument(
+        "--schedule",
+        default="cosine",
+        choices=("constant", "cosine"),
+        help="learning rate: constant, or cosine to zero over the job's steps (default)",
+    )
     sim.add_argument("--json", action="store_true", help="print the round reports as JSON")
-    sim.set_defaults(run=_simulate)
+    # Defaults that learn on MedMNIST within the default 3 rounds (docs/benchmarks.md): with
+    # SGD at lr 0.05 and one local epoch, BreastMNIST's 99 steps learn only the class prior.
+    sim.set_defaults(
+        run=_simulate,
+        client_optimizer="adam",
+        client_lr=0.002,
+        server_optimizer="adam",
+        server_lr=0.002,
+    )
     return parser
 
 
@@ -172,7 +188,14 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _training_config(args: argparse.Namespace, model: str, **overrides: object) -> TrainingConfig:
+def _training_config(
+    args: argparse.Namespace,
+    model: str,
+    *,
+    schedule: str = "constant",
+    total_steps: int = 1000,
+    **overrides: object,
+) -> TrainingConfig:
     spec = get_model_spec(model)
     options = _given_mode_options(args)
     # Bound to its options: they may change the mode's cuts (SplitFed's labels).
@@ -180,7 +203,10 @@ def _training_config(args: argparse.Namespace, model: str, **overrides: object) 
     cuts = tuple(args.cut) if args.cut else mode.default_cuts(spec)
 
     def optimizer(name: str, lr: float) -> OptimizerConfig:
-        return OptimizerConfig(name=name, lr=lr, momentum=args.momentum if name == "sgd" else 0.0)
+        momentum = args.momentum if name == "sgd" else 0.0
+        return OptimizerConfig(
+            name=name, lr=lr, momentum=momentum, schedule=schedule, total_steps=total_steps
+        )
 
     return TrainingConfig(
         cuts=cuts,
@@ -256,7 +282,7 @@ def _verify(args: argparse.Namespace) -> int:
         type(data)(data.images[i :: args.hospitals], data.labels[i :: args.hospitals])
         for i in range(args.hospitals)
     ]
-    report = verify_split(model, splits, config)
+    report = verify_split(model, splits, config, progress=not args.json)
     if args.json:
         print(json.dumps(report.to_json()))
     elif report.exact:
@@ -282,12 +308,21 @@ def _simulate(args: argparse.Namespace) -> int:
             synthetic_shape=get_model_spec(args.model).default_input_shape,
         ),
     )
-    config = _training_config(
-        args,
-        args.model,
+    overrides = dict(
         rounds=args.rounds,
         local_epochs=args.local_epochs,
         max_steps_per_turn=args.max_steps_per_turn,
+    )
+    hospitals = load_hospitals(setup, seed=args.seed)
+    probe = _training_config(args, args.model, **overrides)
+    total_steps = max(1, args.rounds * sum(turn_length(probe, len(h.train)) for h in hospitals))
+    config = _training_config(
+        args, args.model, schedule=args.schedule, total_steps=total_steps, **overrides
+    )
+    # What always answering the training data's most common class scores on validation.
+    baseline = majority_baseline(
+        torch.cat([h.train.labels for h in hospitals]),
+        torch.cat([h.val.labels for h in hospitals if h.val is not None]),
     )
     source = args.data or f"{args.samples} synthetic images"
     print(
@@ -296,10 +331,13 @@ def _simulate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     reports = simulate(
-        setup, config, progress=not args.json, on_round=None if args.json else _print_round
+        setup,
+        config,
+        progress=not args.json,
+        on_round=None if args.json else lambda report: _print_round(report, baseline),
     )
     if args.json:
-        print(json.dumps([_round_json(r) for r in reports], indent=2))
+        print(json.dumps([_round_json(r, baseline) for r in reports], indent=2))
     return 0
 
 
@@ -309,7 +347,7 @@ def _mode_label(config: TrainingConfig) -> str:
     return f"{config.mode} {options}" if options else config.mode
 
 
-def _print_round(report: RoundReport) -> None:
+def _print_round(report: RoundReport, baseline: MajorityBaseline) -> None:
     val = report.validation
     accuracy = (
         sum(e.accuracy * e.samples for e in val.values()) / sum(e.samples for e in val.values())
@@ -319,14 +357,14 @@ def _print_round(report: RoundReport) -> None:
     per_hospital = ", ".join(f"{name} {e.accuracy:.3f}" for name, e in val.items())
     print(
         f"round {report.round + 1}: train loss {report.mean_loss:.4f}, "
-        f"val accuracy {accuracy:.3f} ({per_hospital}), "
+        f"val accuracy {accuracy:.3f} ({per_hospital}; {baseline.describe()}), "
         f"crossed {report.bytes_up / 2**20:.2f} MiB up, {report.bytes_down / 2**20:.2f} MiB down "
         f"in {report.steps} steps",
         flush=True,
     )
 
 
-def _round_json(report: RoundReport) -> dict[str, object]:
+def _round_json(report: RoundReport, baseline: MajorityBaseline) -> dict[str, object]:
     return {
         "round": report.round,
         "steps": report.steps,
@@ -338,6 +376,7 @@ def _round_json(report: RoundReport) -> dict[str, object]:
             name: {"loss": e.loss, "accuracy": e.accuracy, "samples": e.samples}
             for name, e in report.validation.items()
         },
+        "val_majority_baseline": baseline.accuracy,
     }
 
 

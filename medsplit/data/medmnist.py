@@ -19,6 +19,8 @@ from medsplit.data.shards import Split
 from medsplit.errors import DataError
 
 SPLITS = ("train", "val", "test")
+_ZIP_MAGIC = b"PK\x03\x04"  # an .npz is a zip archive
+_NPY_MAGIC = b"\x93NUMPY"  # np.load also reads a single .npy array
 
 
 def load_medmnist(path: str | os.PathLike[str], split: str = "train") -> Split:
@@ -45,11 +47,18 @@ def load_medmnist(path: str | os.PathLike[str], split: str = "train") -> Split:
         raise DataError(f"{name}: no such file")
     if not Path(name).is_file():
         raise DataError(f"{name}: not a file")
+    with open(name, "rb") as f:
+        magic = f.read(len(_NPY_MAGIC))
+    if not magic.startswith(_ZIP_MAGIC) and not magic.startswith(_NPY_MAGIC):
+        # np.load would try to unpickle it and, with allow_pickle=False, say that the file
+        # "contains pickled data": misleading for a damaged download or another format.
+        raise DataError(
+            f"{name}: not a MedMNIST .npz archive (it is not a zip archive: damaged, or "
+            "another format)"
+        )
     try:
         archive = np.load(name, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        # np.load falls back to unpickling anything that is neither zip nor .npy; with
-        # allow_pickle=False that fallback becomes the ValueError caught here.
         raise DataError(f"{name}: not a MedMNIST .npz archive ({e})") from e
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DataError(f"{name}: not an .npz archive (it holds a single .npy array)")

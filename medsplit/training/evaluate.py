@@ -11,7 +11,15 @@ from monai.metrics import compute_roc_auc
 from medsplit.data import Split
 from medsplit.protocol.roles import eval_mode
 
-__all__ = ["Evaluation", "classification_metrics", "eval_mode", "evaluate", "score"]
+__all__ = [
+    "Evaluation",
+    "MajorityBaseline",
+    "classification_metrics",
+    "eval_mode",
+    "evaluate",
+    "majority_baseline",
+    "score",
+]
 
 
 @dataclass(frozen=True)
@@ -87,3 +95,30 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
         onehot = torch.nn.functional.one_hot(labels, classes)
         values["val_auc"] = float(compute_roc_auc(probabilities, onehot, average="macro"))
     return values
+
+
+@dataclass(frozen=True)
+class MajorityBaseline:
+    """What always answering the training data's most common class scores.
+
+    Attributes:
+        label: that class (the smallest of the tied ones).
+        accuracy: the share of the evaluated labels equal to it (0 with none).
+    """
+
+    label: int
+    accuracy: float
+
+    def describe(self) -> str:
+        """``"majority-class baseline 0.731 (always class 0)"``, to print beside an accuracy."""
+        return f"majority-class baseline {self.accuracy:.3f} (always class {self.label})"
+
+
+def majority_baseline(train_labels: torch.Tensor, labels: torch.Tensor) -> MajorityBaseline:
+    """The accuracy on ``labels`` of always predicting ``train_labels``' most common class:
+    the score a model that learned only the class prior gets, to print beside its accuracy."""
+    train = train_labels.reshape(-1).long()
+    label = int(torch.bincount(train).argmax()) if len(train) else 0
+    evaluated = labels.reshape(-1)
+    accuracy = int((evaluated == label).sum()) / len(evaluated) if len(evaluated) else 0.0
+    return MajorityBaseline(label=label, accuracy=accuracy)

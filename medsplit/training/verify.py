@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from medsplit.data import Split
 from medsplit.protocol.roles import LossFn
@@ -14,6 +15,7 @@ from medsplit.training.config import TrainingConfig
 from medsplit.training.parallel import is_parallel
 from medsplit.training.parallel_reference import train_parallel_unsplit
 from medsplit.training.reference import train_unsplit
+from medsplit.training.schedule import Batch, job_batches, turn_length
 from medsplit.training.split_job import Hospital, SplitJob
 
 
@@ -62,6 +64,7 @@ def verify_split(
     config: TrainingConfig,
     *,
     loss_fn: LossFn | None = None,
+    progress: bool = False,
 ) -> VerifyReport:
     """Train ``model`` split (through encoded frames and hand-offs) and whole, then compare.
 
@@ -69,16 +72,32 @@ def verify_split(
     with the same per-parameter optimizers; with codec ``none`` they must agree exactly.
     A parallel mode (SplitFed) is held to :func:`train_parallel_unsplit`, its split run
     combining the hospitals' segments by secure aggregation, the reference in the clear.
+    With ``progress``, a bar on stderr counts both runs' steps.
     """
     example = splits[0].images[:2]
-    with deterministic():
+    per_run = config.rounds * sum(turn_length(config, len(s)) for s in splits)
+    bar = tqdm(total=2 * per_run, desc="verifying", unit="step", disable=not progress)
+
+    def counted(batches: Iterator[Batch]) -> Iterator[Batch]:
+        for batch in batches:
+            yield batch
+            bar.update(1)
+
+    with deterministic(), bar:
+        bar.set_postfix(run="split")
         job = SplitJob(model, example, config, loss_fn=loss_fn)
         hospitals = [Hospital(f"hospital-{i}", s) for i, s in enumerate(splits)]
-        steps = sum(r.steps for r in job.run(hospitals))
+        steps = sum(r.steps for r in job.run(hospitals, on_step=lambda _: bar.update(1)))
+        bar.set_postfix(run="unsplit")
         if is_parallel(job.mode, len(splits)):
             reference = train_parallel_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
+            bar.update(per_run)
         else:
-            reference = train_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
+            # The very batches train_unsplit would take by itself, counted as they go.
+            batches = counted(job_batches(config, splits))
+            reference = train_unsplit(
+                model, splits, config, job.split, loss_fn=loss_fn, batches=batches
+            )
     got = job.state_dict()
     want_all = reference.state_dict()
     extra = sorted(set(got) - set(want_all))

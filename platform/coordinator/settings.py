@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from kernel.cache import cache_settings
+from medsplit.channel.keys import RelayKeys
 from medsplit.passwords import WeakPasswordError, check_password
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -304,6 +305,12 @@ MEDSPLIT = {
 # Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task
 # whose worker dies is delivered again; every task is safe to run twice.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or MEDSPLIT["WORKER_REDIS_URL"]
+# Every key Celery makes (queues, ``_kombu.binding.*``, ``unacked*``) starts with the
+# deployment's relay prefix too (medsplit.channel.keys), so that deployments sharing one
+# Redis never meet and the workers' Redis user needs no pattern beyond ``<prefix>:*``.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "global_keyprefix": RelayKeys(MEDSPLIT["RELAY_PREFIX"]).celery_prefix()
+}
 
 
 def _check_relay_passwords() -> None:

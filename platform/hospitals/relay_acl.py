@@ -66,9 +66,22 @@ def relay_keys() -> RelayKeys:
     return RelayKeys(settings.MEDSPLIT["RELAY_PREFIX"])
 
 
-def relay_username(slug: str) -> str:
-    """The Redis user of hospital ``slug``."""
+def relay_username(slug: str, keys: RelayKeys | None = None) -> str:
+    """The Redis user of hospital ``slug``: ``<prefix>-hospital-<slug>``, under the
+    deployment's relay prefix like its keys, so that deployments (or demos, or test runs)
+    sharing one Redis never reuse or remove each other's users."""
+    return f"{(keys or relay_keys()).prefix}-hospital-{slug}"
+
+
+def legacy_relay_username(slug: str) -> str:
+    """The name hospitals enrolled before user names carried the prefix were given (their
+    agents still log in with it, so their users keep it until they enrol again)."""
     return f"hospital-{slug}"
+
+
+def workers_username(keys: RelayKeys | None = None) -> str:
+    """The default Redis user of the workers: ``<prefix>-workers``."""
+    return f"{(keys or relay_keys()).prefix}-workers"
 
 
 def relay_key_pattern(slug: str) -> str:
@@ -167,18 +180,14 @@ _REDIS6_COMMANDS = (
     *RECEIVE_COMMANDS,
 )
 
-#: Celery's own keys (kombu's queues ``celery*``, bindings ``_kombu*``, ``unacked*``;
-#: results ``celery-task-meta-*``), besides the deployment's relay keys. Queues given
-#: other names need their patterns added.
-CELERY_KEY_PATTERNS = ("celery*", "_kombu*", "unacked*")
-
-_HOSPITAL_USERNAME = re.compile(r"^hospital-([a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?)$")
+_SLUG = r"([a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?)"
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def worker_key_patterns(keys: RelayKeys | None = None) -> tuple[str, ...]:
-    """Every key the workers reach: the deployment's relay keys and Celery's."""
-    return ((keys or relay_keys()).deployment_pattern(), *CELERY_KEY_PATTERNS)
+    """Every key the workers reach: the deployment's, relay keys and Celery's alike
+    (kombu's ``global_keyprefix`` is :meth:`RelayKeys.celery_prefix`, see the settings)."""
+    return ((keys or relay_keys()).deployment_pattern(),)
 
 
 def hospital_key_rules(
@@ -226,9 +235,12 @@ def agent_acl_rules(
         ValueError: not a hospital user name, or not a SHA-256 (so nothing can smuggle
             in another ACL rule).
     """
-    match = _HOSPITAL_USERNAME.match(username)
+    keys = keys or relay_keys()
+    match = re.fullmatch(rf"{re.escape(keys.prefix)}-hospital-{_SLUG}", username) or (
+        re.fullmatch(rf"hospital-{_SLUG}", username)  # legacy_relay_username
+    )
     if match is None:
-        raise ValueError(f"{username!r} is not a hospital relay user name")
+        raise ValueError(f"{username!r} is not a hospital relay user name of this deployment")
     _check_digest(password_sha256)
     commands = AGENT_COMMANDS if selectors else _REDIS6_COMMANDS
     return [
@@ -298,7 +310,7 @@ class RedisAclUsers:
         )
 
     def provision(self, *, username: str, password_sha256: str, slug: str) -> None:
-        if username != relay_username(slug):
+        if username not in (relay_username(slug), legacy_relay_username(slug)):
             raise ValueError(f"relay user {username!r} is not hospital {slug!r}'s")
 
         def rules(client: redis.Redis) -> list[str]:

@@ -207,8 +207,10 @@ def queue_lengths(broker_url: str, queues: Sequence[str]) -> dict[str, int] | No
     ``None`` if the broker cannot be asked (away, refused, or not a Redis URL)."""
     # Kombu keeps a Redis queue as one list per priority step: the queue's own name for
     # priority 0, "<queue><sep><step>" for the others.
+    # Under kombu's global_keyprefix (the deployment's, coordinator/settings.py).
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
     keys = [
-        (queue, f"{queue}{KombuRedisChannel.sep}{step}" if step else queue)
+        (queue, prefix + (f"{queue}{KombuRedisChannel.sep}{step}" if step else queue))
         for queue in queues
         for step in PRIORITY_STEPS
     ]

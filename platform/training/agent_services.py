@@ -1,6 +1,6 @@
 """What a hospital's agent reports about its own jobs and turns: its per-job recipient key,
-the hand-offs it sealed, and a failed precondition (its data cannot be used) that ends its
-turn before training.
+the hand-offs it sealed, a failed precondition (its data cannot be used) that ends its
+turn before training, and its training loss where the loss is computed at the hospital.
 
 Each checks that the turn is the calling agent's own, then calls
 :mod:`training.services`; the agent's report is audited under the agent's name.
@@ -17,10 +17,16 @@ from kernel.actors import Actor
 from kernel.errors import Conflict, InvalidInput, NotFound
 from kernel.permissions import require_agent
 from medsplit.errors import SealError
+from medsplit.modes import Side, require_mode
 from medsplit.protocol.keys import SignedRecipientKey, identity_public_from_b64
 from training.dispatch import job_changed_on_commit
 from training.models import HandOff, Job, JobParticipant, Turn
-from training.services import handoff_record, turn_fail
+from training.services import (
+    EXTRA_MODES_SETTING,
+    handoff_record,
+    turn_fail,
+    turn_record_hospital_loss,
+)
 from training.states import TERMINAL
 
 _MAX_REASON = 2000
@@ -188,3 +194,41 @@ def agent_problem_report(*, actor: Actor, job_id: int, turn_id: int, reason: str
         )
         job_changed_on_commit(job_id)
     return failed
+
+
+def agent_loss_report(*, actor: Actor, job_id: int, turn_id: int, step: int, loss: float) -> Turn:
+    """The calling agent's training loss at ``step`` of its running turn, in a mode whose
+    loss is computed at the hospital (U-shaped): the dashboard's loss then has a source.
+
+    One number the hospital chose to send (its agent's ``report_loss``); not audited, as
+    the worker's own progress reports are not (one a second would bury the log). If the
+    server side of the turn was tried again meanwhile, the running attempt of the same
+    place takes it.
+
+    Raises:
+        PermissionDenied: not an agent.
+        NotFound: the turn is not this agent's.
+        InvalidInput: the step is beyond the turn's limit.
+        Conflict: the job's server computes the loss itself, or the turn is not running.
+    """
+    require_agent(actor, "report a training loss")
+    turn = _own_turn(actor, job_id, turn_id)
+    job = turn.job
+    if require_mode(job.mode, setting=EXTRA_MODES_SETTING).labels != Side.HOSPITAL:
+        raise Conflict(
+            f"job {job_id} is in mode {job.mode!r}: its server computes the loss, so a "
+            "hospital's is not taken",
+            details={"mode": job.mode},
+        )
+    cap = job.job_description().max_steps_per_turn
+    if cap is not None and step > cap:
+        raise InvalidInput(
+            "the step is beyond the turn's limit",
+            details={"step": [f"at most {cap} steps per turn in this job"]},
+        )
+    if turn.status != Turn.Status.RUNNING:
+        running = Turn.objects.filter(
+            round_id=turn.round_id, position=turn.position, status=Turn.Status.RUNNING
+        ).first()
+        turn = running or turn
+    return turn_record_hospital_loss(turn=turn, step=step, loss=loss)

@@ -26,6 +26,7 @@ from medsplit.errors import UnknownModelError
 from medsplit.models.registry import get_model_spec, model_names
 from medsplit.modes import MODES
 from medsplit.protocol.optim import describe_optimizers
+from medsplit.training.schedule import turn_length
 from medsplit.wire.codecs import describe_codecs
 from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
@@ -185,6 +186,103 @@ def job_metrics(
     if since is not None:
         points = points.filter(time__gt=since)
     return points.order_by("time", "id")
+
+
+#: The most points of one hospital's loss curve an answer holds: a 20-round job of 10
+#: hospitals stays a few thousand points, readable and quick to draw.
+LOSS_SERIES_MAX_POINTS = 400
+
+
+def job_loss_series(*, actor: Actor, job: Job) -> dict[str, Any]:
+    """The training loss of a job as one curve per hospital over the job's steps.
+
+    The job's step axis counts every training step of the job in order: the turns of a
+    round's groups one after another (a parallel group's turns side by side, the group as
+    long as its longest turn), so a hospital's turns in successive rounds join into one
+    curve, and each round starts at a known step. Of each place (round, position) the
+    completed attempt counts, or else the latest. Where the loss is computed (the job
+    mode's ``labels``) says whose it is: the worker's, or the one the hospital reported.
+
+    A hospital admin gets the curve and the turn length of their own hospital only (the
+    others' split sizes are theirs); another hospital's turn then counts on the axis as the
+    steps its sample count makes (what they see of it).
+
+    Returns:
+        ``{"loss_from", "total_steps", "rounds": [{"round", "start"}], "turn_steps":
+        {slug: steps per turn, or None: not reported, or not yours to see}, "series":
+        [{"hospital", "points": [[x, loss]]}]}``.
+    """
+    config = job.training_config()
+    participants = list(job.participants.select_related("hospital").order_by("position"))
+    all_sees = _sees_all(actor)
+    turns = list(job_turns(job=job))
+    chosen: dict[tuple[int, int], Turn] = {}
+    for turn in turns:  # in round, position, attempt order: a later attempt replaces
+        key = (turn.round.index, turn.position)
+        if chosen.get(key) is None or chosen[key].status != Turn.Status.COMPLETED:
+            chosen[key] = turn
+
+    def length(turn: Turn) -> int:
+        if all_sees or sees_participant_in_full(actor, turn.hospital_id):
+            return turn.steps
+        return -(-turn.samples // config.batch_size)
+
+    offsets: dict[int, int] = {}
+    rounds: list[dict[str, int]] = []
+    cursor = 0
+    groups: dict[tuple[int, int], list[Turn]] = {}
+    for turn in chosen.values():
+        groups.setdefault((turn.round.index, turn.group), []).append(turn)
+    for (round_index, _), members in sorted(groups.items()):
+        if not rounds or rounds[-1]["round"] != round_index:
+            rounds.append({"round": round_index, "start": cursor})
+        for turn in members:
+            offsets[turn.pk] = cursor
+        cursor += max(length(t) for t in members)
+
+    points = MetricPoint.objects.filter(turn_id__in=offsets, loss__isnull=False)
+    if not all_sees:
+        points = points.filter(turn__hospital_id=getattr(actor.hospital, "pk", None))
+    slug_of = {t.pk: t.hospital.slug for t in chosen.values()}
+    curves: dict[str, list[list[float]]] = {}
+    for turn_id, step, loss in points.order_by("turn_id", "step").values_list(
+        "turn_id", "step", "loss"
+    ):
+        curves.setdefault(slug_of[turn_id], []).append([offsets[turn_id] + step, loss])
+    series = []
+    for p in participants:
+        curve = sorted(curves.get(p.hospital.slug, []))
+        if len(curve) > LOSS_SERIES_MAX_POINTS:  # evenly thinned, the last point kept
+            stride = len(curve) / LOSS_SERIES_MAX_POINTS
+            curve = [curve[int(i * stride)] for i in range(LOSS_SERIES_MAX_POINTS - 1)] + [
+                curve[-1]
+            ]
+        if all_sees or sees_participant_in_full(actor, p.hospital_id):
+            series.append({"hospital": p.hospital.slug, "points": curve})
+    return {
+        "loss_from": MODES[job.mode].labels.value if job.mode in MODES else None,
+        "total_steps": cursor,
+        "rounds": rounds,
+        "turn_steps": {
+            p.hospital.slug: (
+                _turn_steps(config, p.hospital)
+                if all_sees or sees_participant_in_full(actor, p.hospital_id)
+                else None
+            )
+            for p in participants
+        },
+        "series": series,
+    }
+
+
+def _turn_steps(config: Any, hospital: Any) -> int | None:
+    """Steps one turn of ``hospital`` takes: its reported training split, the job's batch
+    size, local epochs, step limit and ``drop_last`` (None before it reported sizes)."""
+    sizes = (hospital.dataset_summary or {}).get("split_sizes")
+    train = sizes.get("train") if isinstance(sizes, dict) else None
+    if not isinstance(train, int) or isinstance(train, bool) or train < 0:
+        return None
+    return turn_length(config, train)
 
 
 #: How long a finished job stays among its participants' assignments: they fetch the

@@ -418,11 +418,39 @@ def turn_record_progress(
             return None  # an older report arriving late: the turn already knows more
         for name, value in counters.items():
             setattr(locked, name, max(getattr(locked, name), value))
-        locked.last_loss = loss_value
+        # No loss at all (``None``): the worker does not compute it (the labels are at the
+        # hospital) and the last one the hospital reported stays (turn_record_hospital_loss).
+        if loss is not None:
+            locked.last_loss = loss_value
         locked.save(update_fields=[*counters, "last_loss"])
         cap = locked.job.job_description().max_steps_per_turn
         is_final = final or (cap is not None and steps >= cap)
         return _metric_point_maybe(turn=locked, at=at, final=is_final)
+
+
+def turn_record_hospital_loss(*, turn: Turn, step: int, loss: float) -> Turn:
+    """Keep the training loss a hospital reported for step ``step`` of its running turn,
+    in a mode whose loss is computed at the hospital (the worker has none to report).
+
+    It becomes the turn's ``last_loss``, which the next metric point the worker's progress
+    stores carries: so a point's loss is the one its hospital last reported, at most about
+    a second older than the point. The agent sends its reports one after another, from one
+    thread, so they arrive in step order.
+
+    Raises:
+        Conflict: the turn is not running.
+    """
+    value = float(loss) if math.isfinite(loss) else None
+    with transaction.atomic():
+        locked = Turn.objects.select_for_update().get(pk=turn.pk)
+        if locked.status != Turn.Status.RUNNING:
+            raise Conflict(
+                f"turn {locked.pk} is {locked.status}; its loss is taken only while it runs",
+                details={"status": locked.status},
+            )
+        locked.last_loss = value
+        locked.save(update_fields=["last_loss"])
+    return locked
 
 
 def _metric_point_maybe(*, turn: Turn, at: datetime, final: bool) -> MetricPoint | None:

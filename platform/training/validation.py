@@ -19,10 +19,11 @@ process shares.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -38,8 +39,8 @@ from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
 from medsplit.errors import ConfigError, CutError, UnknownModelError
 from medsplit.models.registry import ModelSpec, build_model, get_model_spec
-from medsplit.modes import DEFAULT_MODE, MODES, SplitMode
-from medsplit.training.description import FORMAT, JobDescription
+from medsplit.modes import MODES, SplitMode
+from medsplit.training.description import FORMAT, MAX_SEED, JobDescription
 from training.models import OnFailure
 
 #: Largest input one sample may have when the coordinator traces a model for it.
@@ -64,6 +65,12 @@ class InputTooLarge(InvalidInput):
     limit that was passed."""
 
     code = "input_too_large"
+
+
+#: The job description's defaults, which the request's optional fields take.
+_DEFAULT = {
+    f.name: f.default for f in dataclasses.fields(JobDescription) if f.default is not MISSING
+}
 
 
 class ParticipantInput(serializers.Serializer):
@@ -103,7 +110,7 @@ class JobInput(serializers.Serializer):
     mode = serializers.CharField(
         max_length=16,
         required=False,
-        default=DEFAULT_MODE,
+        default=_DEFAULT["mode"],
         help_text="a mode's name (see GET /api/modes/)",
     )
     cuts = serializers.ListField(
@@ -113,16 +120,39 @@ class JobInput(serializers.Serializer):
         help_text="as many as the mode's cuts (GET /api/modes/), among those of "
         "GET /api/models/{name}/cuts/",
     )
-    client_optimizer = serializers.DictField(required=False, default=dict)
-    server_optimizer = serializers.DictField(required=False, default=dict)
-    batch_size = serializers.IntegerField(min_value=1, max_value=4096, required=False, default=32)
-    local_epochs = serializers.IntegerField(min_value=1, max_value=100, required=False, default=1)
-    max_steps_per_turn = serializers.IntegerField(
-        min_value=1, max_value=1_000_000, required=False, allow_null=True, default=None
+    client_optimizer = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="see GET /api/optimizers/; options left out take their defaults",
     )
-    rounds = serializers.IntegerField(min_value=1, max_value=1000, required=False, default=1)
-    codec = serializers.CharField(max_length=16, required=False, default="none")
-    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, default=0)
+    server_optimizer = serializers.DictField(
+        required=False, default=dict, help_text="see GET /api/optimizers/"
+    )
+    batch_size = serializers.IntegerField(
+        min_value=1, max_value=4096, required=False, default=_DEFAULT["batch_size"]
+    )
+    local_epochs = serializers.IntegerField(
+        min_value=1, max_value=100, required=False, default=_DEFAULT["local_epochs"]
+    )
+    max_steps_per_turn = serializers.IntegerField(
+        min_value=1,
+        max_value=1_000_000,
+        required=False,
+        allow_null=True,
+        default=_DEFAULT["max_steps_per_turn"],
+    )
+    rounds = serializers.IntegerField(
+        min_value=1, max_value=1000, required=False, default=_DEFAULT["rounds"]
+    )
+    codec = serializers.CharField(
+        max_length=16,
+        required=False,
+        default=_DEFAULT["codec"],
+        help_text="a codec's name (see GET /api/codecs/)",
+    )
+    seed = serializers.IntegerField(
+        min_value=0, max_value=MAX_SEED, required=False, default=_DEFAULT["seed"]
+    )
     on_failure = serializers.ChoiceField(
         choices=OnFailure.choices, required=False, default=OnFailure.RETRY
     )

@@ -73,14 +73,18 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture
 def open_page(browser, live_server) -> Iterator[Callable[..., object]]:
-    """A fresh browser context per person, at a laptop's width. Every request the pages
-    make is recorded: nothing may go anywhere but the coordinator (no CDN)."""
+    """A fresh browser context per person, at a laptop's width (or on another coordinator
+    than the live server: ``base_url``). Every request the pages make is recorded: nothing
+    may go anywhere but the coordinator (no CDN)."""
     contexts = []
     requested: list[str] = []
+    bases = [live_server.url]
 
-    def make() -> object:
+    def make(base_url: str | None = None) -> object:
+        if base_url:
+            bases.append(base_url)
         context = browser.new_context(
-            base_url=live_server.url, viewport={"width": 1280, "height": 860}
+            base_url=base_url or live_server.url, viewport={"width": 1280, "height": 860}
         )
         context.set_default_timeout(15_000)
         context.on("request", lambda request: requested.append(request.url))
@@ -90,7 +94,7 @@ def open_page(browser, live_server) -> Iterator[Callable[..., object]]:
     yield make
     for context in contexts:
         context.close()
-    elsewhere = [url for url in requested if not url.startswith((live_server.url, "data:"))]
+    elsewhere = [url for url in requested if not url.startswith((*bases, "data:"))]
     assert not elsewhere, f"the dashboard fetched from outside the coordinator: {elsewhere[:5]}"
     assert any("/static/dashboard/vendor/chart.umd.min.js" in url for url in requested) or not (
         requested
@@ -118,3 +122,49 @@ def screenshot(page, name: str) -> Path:
     path = folder / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+class CoordinatorProcess:
+    """The coordinator as its own process (``manage.py runserver``) on the test's database,
+    so that a test can stop it under an open page and start it again on the same port."""
+
+    def __init__(self, processes) -> None:
+        from tests.workers.processes import free_port
+
+        self.processes = processes
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.runs = 0
+
+    def start(self) -> None:
+        import sys
+        import time
+        import urllib.error
+        import urllib.request
+
+        self.runs += 1
+        self.processes.start(
+            f"coordinator-{self.runs}",
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/static/dashboard/favicon.svg", timeout=2)
+                return
+            except (urllib.error.URLError, OSError) as e:
+                if time.monotonic() > deadline:
+                    logs = self.processes.logs()
+                    raise AssertionError(f"the coordinator did not start:\n{logs}") from e
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.processes.stop(f"coordinator-{self.runs}")
+
+
+@pytest.fixture
+def coordinator_process(processes) -> Iterator[CoordinatorProcess]:
+    """A started :class:`CoordinatorProcess`; stopped at the end (``processes`` does)."""
+    coordinator = CoordinatorProcess(processes)
+    coordinator.start()
+    yield coordinator

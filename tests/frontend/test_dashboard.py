@@ -190,6 +190,13 @@ def test_the_job_page_follows_a_running_job(
         wait_until("the job to complete", lambda: _done(job), 240, processes)
         page.get_by_test_id("job-state").filter(has_text="completed").wait_for(timeout=30_000)
         hospitals.join(60)
+    # One loss curve per hospital, over both rounds (the worker's losses).
+    curves = page.evaluate(
+        "() => Chart.getChart(document.querySelector('[data-testid=loss-chart]'))"
+        ".data.datasets.map((d) => d.data.map((p) => p.x))"
+    )
+    assert len(curves) == 3 and all(xs for xs in curves), curves
+    assert max(curves[0]) > 3 * 40, "the first hospital's curve reaches into round 2"
     assert AuditEvent.objects.filter(job_id=job.pk, action="job.paused").exists()
 
 

@@ -31,6 +31,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "poll_seconds": (3.0, 0.0),
     "reply_timeout": (45.0, 120.5),
     "deterministic": (False, True),
+    "report_loss": (False, True),
     "extra_modes": ("lab.modes:Toy", "lab.modes:Toy,lab.other:Mode"),
     "data.kind": ("synthetic", "medmnist"),
     "data.path": ("/data/sample", "/data/other"),

@@ -123,7 +123,7 @@ def consortium(live_server, settings, redis_url: str, admin_actor: Actor):
     yield live_server.url
     # The hospitals' Redis users this test made (the shared Redis keeps them otherwise).
     for user in set(admin.execute_command("ACL", "USERS")) - before:
-        if user.startswith(b"hospital-"):
+        if user.startswith(f"{settings.MEDSPLIT['RELAY_PREFIX']}-hospital-".encode()):
             admin.execute_command("ACL", "DELUSER", user)
     admin.close()
 
@@ -251,6 +251,10 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
     turns = Turn.objects.filter(job=job)
     assert turns.count() == 6 and set(turns.values_list("status", flat=True)) == {"completed"}
     assert all("val_accuracy" in t.metrics for t in turns)
+    # The training loss has a source in both modes: the worker, or (U-shaped) each
+    # hospital's own report of it (hospital_agent/loss_report.py), for its dashboard.
+    with_loss = [t for t in turns if t.last_loss is not None]
+    assert len(with_loss) >= 5, [(t.pk, t.last_loss) for t in turns]
     for path in finals:
         assert path.stat().st_mode & 0o777 == 0o600
     assert len({p.read_bytes() for p in finals}) == 1, "every hospital holds the same final weights"

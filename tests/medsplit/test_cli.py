@@ -121,8 +121,15 @@ def test_verify_with_a_lossy_codec_is_not_exact(capsys) -> None:
 
 def test_verify_plain_output_says_exact(capsys) -> None:
     assert main(["verify", "small_cnn", "--steps", "2", "--hospitals", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("exact: 11 tensors identical after 2 steps")
+    captured = capsys.readouterr()
+    assert captured.out.startswith("exact: 11 tensors identical after 2 steps")
+    # A progress bar on stderr counts both runs' steps: 2 split, 2 unsplit.
+    assert "verifying" in captured.err and "4/4" in captured.err
+
+
+def test_verify_json_output_has_no_progress_bar(capsys) -> None:
+    assert main(["verify", "small_cnn", "--steps", "2", "--hospitals", "1", "--json"]) == 0
+    assert "verifying" not in capsys.readouterr().err
 
 
 def test_verify_unknown_cut_is_an_error_naming_it(capsys) -> None:
@@ -135,7 +142,8 @@ def test_verify_unknown_cut_is_an_error_naming_it(capsys) -> None:
 
 
 def test_simulate_json_reports_rounds(capsys) -> None:
-    rc = main(["simulate", "--rounds", "1", "--samples", "96", "--hospitals", "2", "--json"])
+    argv = ["simulate", "--rounds", "1", "--local-epochs", "1", "--samples", "96"]
+    rc = main([*argv, "--hospitals", "2", "--json"])
     captured = capsys.readouterr()
     assert rc == 0
     reports = json.loads(captured.out)
@@ -159,6 +167,7 @@ def test_simulate_json_reports_rounds(capsys) -> None:
         assert 0.0 <= v["accuracy"] <= 1.0
         assert v["loss"] > 0
     assert report["train_loss"] > 0
+    assert 0.0 <= report["val_majority_baseline"] <= 1.0
 
 
 def _write_medmnist(path: Path, *, train: int, val: int, test: int) -> None:
@@ -184,8 +193,8 @@ def _write_medmnist(path: Path, *, train: int, val: int, test: int) -> None:
 def test_simulate_on_a_medmnist_file(capsys, tmp_path: Path) -> None:
     data = tmp_path / "tinymnist.npz"
     _write_medmnist(data, train=64, val=10, test=6)
-    argv = ["simulate", "--data", str(data), "--rounds", "1", "--hospitals", "2", "--json"]
-    rc = main(argv)
+    argv = ["simulate", "--data", str(data), "--rounds", "1", "--local-epochs", "1"]
+    rc = main([*argv, "--hospitals", "2", "--json"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     (report,) = json.loads(captured.out)
@@ -194,6 +203,23 @@ def test_simulate_on_a_medmnist_file(capsys, tmp_path: Path) -> None:
     assert report["samples"] == 64
     assert sum(v["samples"] for v in report["validation"].values()) == 10
     assert str(data) in captured.err  # the banner names the data it trains on
+    # Labels alternate 0, 1: class 0 is the training majority (the tie's smaller class).
+    val_labels = np.load(data)["val_labels"].reshape(-1)
+    assert report["val_majority_baseline"] == float((val_labels == 0).mean())
+
+
+def test_simulate_prints_the_majority_class_baseline_beside_each_accuracy(
+    capsys, tmp_path: Path
+) -> None:
+    data = tmp_path / "tinymnist.npz"
+    _write_medmnist(data, train=64, val=10, test=6)
+    argv = ["simulate", "--data", str(data), "--rounds", "2", "--local-epochs", "1"]
+    assert main([*argv, "--hospitals", "2"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round")]
+    assert len(lines) == 2
+    for line in lines:
+        assert "val accuracy" in line
+        assert "majority-class baseline 0.500 (always class 0)" in line
 
 
 def test_simulate_missing_data_file(capsys, tmp_path: Path) -> None:

@@ -48,3 +48,14 @@ def test_an_empty_split_scores_no_samples() -> None:
     split = split_model(model, torch.zeros(2, 1, 28, 28), "pool1")
     empty = Split(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
     assert score(split.segments, empty) == {"val_samples": 0.0}
+
+
+def test_the_majority_baseline_is_the_training_majoritys_share_of_the_evaluated_labels() -> None:
+    from medsplit.training.evaluate import majority_baseline
+
+    baseline = majority_baseline(torch.tensor([1, 1, 0, 1]), torch.tensor([0, 1, 0, 0]))
+    assert (baseline.label, baseline.accuracy) == (1, 0.25)
+    assert baseline.describe() == "majority-class baseline 0.250 (always class 1)"
+    tie = majority_baseline(torch.tensor([[2], [0]]), torch.tensor([0, 0, 2]))
+    assert (tie.label, tie.accuracy) == (0, 2 / 3)  # the smaller class of a tie
+    assert majority_baseline(torch.tensor([0]), torch.tensor([], dtype=torch.long)).accuracy == 0

@@ -1,77 +1,279 @@
-"""The README's demo (`scripts/demo.py`, after `scripts/demo` installed everything): the
-whole platform on this machine runs a two-round job to its test accuracy and AUC, and
-Ctrl-C leaves no process behind."""
+"""The README's demo (``scripts/demo.py``, after ``scripts/demo`` installed everything).
+
+Its arguments are checked before anything starts (bad ``--data`` and ``--work-dir`` are
+one-line errors, exit code 2, nothing touched). One real run on the shared Redis
+(``REDIS_URL`` set) is shared by this module's tests: every key and ACL user it makes
+there carries its prefix, everything stays up after the job until Ctrl-C, which exits 0
+and leaves neither a process nor a key nor a user behind. The run with ``REDIS_URL``
+unset is ``tests/frontend/test_demo_run.py``'s, which also checks the dashboard.
+"""
 
 from __future__ import annotations
 
-import signal
-import socket
+import importlib.util
+import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import redis
 
-REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from medsplit.cli import main as medsplit_main
+from tests.demo_run import QUICK, REPO, DemoRun, still_running
+from tests.redis_server import DEFAULT_URL, reachable
 
 
-def demo(work: Path, *args: str) -> subprocess.Popen:
-    if not (REPO / "frontend" / "vendor" / "chart.umd.min.js").exists():
-        pytest.skip(
-            "the dashboard's scripts are not built (cd frontend && npm ci && npm run build)"
-        )
-    command = [
-        sys.executable,
-        "scripts/demo.py",
-        "--port",
-        str(free_port()),
-        "--work-dir",
-        str(work),
-    ]
-    return subprocess.Popen(
-        [*command, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+def _demo_module():
+    spec = importlib.util.spec_from_file_location("medsplit_demo_script", REPO / "scripts/demo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _demo_exits(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "scripts/demo.py", "--exit-when-done", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
-def still_running(work: Path) -> list[str]:
-    """Processes whose command line names the demo's folder (the demo's children do)."""
-    listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in listed.splitlines() if str(work) in line and "ps -eo" not in line]
+# -- bad --data: medsplit simulate's checks and messages, exit 2 --------------------------
 
 
-def test_the_demo_runs_a_job_to_its_test_accuracy_and_auc(tmp_path: Path) -> None:
+def _missing(path: Path) -> Path:
+    return path / "not-here.npz"
+
+
+def _truncated(path: Path) -> Path:
+    whole = path / "whole.npz"
+    rng = np.random.default_rng(0)
+    arrays = {
+        f"{split}_{kind}": rng.integers(0, 256, (20, 28, 28), dtype=np.uint8)
+        if kind == "images"
+        else rng.integers(0, 2, (20, 1))
+        for split in ("train", "val", "test")
+        for kind in ("images", "labels")
+    }
+    np.savez(whole, **arrays)
+    cut = path / "truncated.npz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    return cut
+
+
+def _random_bytes(path: Path) -> Path:
+    noise = path / "noise.npz"
+    noise.write_bytes(np.random.default_rng(1).bytes(4096))
+    return noise
+
+
+def _wrong_keys(path: Path) -> Path:
+    other = path / "other.npz"
+    np.savez(other, x=np.zeros((3, 28, 28), np.uint8), y=np.zeros(3, np.int64))
+    return other
+
+
+@pytest.mark.parametrize("make", [_missing, _truncated, _random_bytes, _wrong_keys])
+def test_bad_data_is_simulates_one_line_error_with_exit_code_2(
+    make, tmp_path: Path, capsys
+) -> None:
+    data = make(tmp_path)
+    assert medsplit_main(["simulate", "--data", str(data), "--json"]) == 2
+    simulate_err = capsys.readouterr().err.strip()
+    assert simulate_err.startswith("medsplit simulate: error: ")
+    message = simulate_err.removeprefix("medsplit simulate: error: ")
+    work = tmp_path / "work"
+    done = _demo_exits("--data", str(data), "--work-dir", str(work))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == f"medsplit demo: error: {message}"
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "pickled" not in done.stderr  # numpy's misleading word never reaches the user
+    assert not work.exists(), "nothing is made before the data is known to be good"
+
+
+# -- --work-dir: never deletes what the demo did not make ----------------------------------
+
+
+def test_a_non_empty_folder_that_is_not_a_demos_is_refused_untouched(tmp_path: Path) -> None:
+    work = tmp_path / "mine"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    done = _demo_exits("--work-dir", str(work))
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"medsplit demo: error: --work-dir {work} is not empty")
+    assert "not a previous demo's" in line
+    assert [p.name for p in work.iterdir()] == ["notes.txt"]
+    assert (work / "notes.txt").read_text() == "mine"
+
+
+def test_a_file_as_work_dir_is_refused(tmp_path: Path) -> None:
+    work = tmp_path / "file"
+    work.write_text("x")
+    done = _demo_exits("--work-dir", str(work))
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"medsplit demo: error: --work-dir {work}: not a folder"
+    assert work.read_text() == "x"
+
+
+def test_a_previous_demos_folder_loses_only_what_that_demo_made(tmp_path: Path) -> None:
+    demo = _demo_module()
     work = tmp_path / "demo"
-    process = demo(work)
-    out, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, out
-    assert "password" in out and "shown once" in out
-    assert "http://127.0.0.1:" in out
-    assert "completed" in out
-    assert "done: test accuracy" in out and "AUC" in out
-    time.sleep(1)
-    assert not still_running(work), still_running(work)
+    first = demo.WorkDir.claim(work)
+    first.entry("agent-0").mkdir()
+    (work / "agent-0" / "key").write_text("k")
+    first.entry("worker.log").write_text("log")
+    (work / "mine.txt").write_text("put here by hand")
+    (tmp_path / "outside").write_text("o")
+    marker = json.loads((work / demo.MARKER).read_text())
+    assert marker["made"] == ["agent-0", "worker.log"]
+    # A marker edited to point elsewhere reaches nothing outside the folder.
+    marker["made"] += ["../outside", "/etc", ".."]
+    (work / demo.MARKER).write_text(json.dumps(marker))
+
+    second = demo.WorkDir.claim(work)
+    assert sorted(p.name for p in work.iterdir()) == [demo.MARKER, "mine.txt"]
+    assert (work / "mine.txt").read_text() == "put here by hand"
+    assert (tmp_path / "outside").read_text() == "o"
+    assert second.made == []
 
 
-def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:
+def test_an_empty_folder_is_taken(tmp_path: Path) -> None:
+    demo = _demo_module()
+    work = tmp_path / "empty"
+    work.mkdir()
+    demo.WorkDir.claim(work)
+    assert [p.name for p in work.iterdir()] == [demo.MARKER]
+
+
+def test_a_taken_port_is_a_one_line_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        done = _demo_exits("--port", str(port), "--work-dir", str(tmp_path / "w"))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"medsplit demo: error: port {port} is taken: give another with --port"
+    )
+
+
+# -- one run on the shared Redis -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared_redis() -> Iterator[redis.Redis]:
+    if not reachable(DEFAULT_URL):
+        pytest.skip(f"no Redis at {DEFAULT_URL} to share")
+    client = redis.Redis.from_url(DEFAULT_URL, socket_timeout=10)
+    yield client
+    client.close()
+
+
+def _of_the_run(client: redis.Redis, prefix: str) -> tuple[list[str], list[str]]:
+    """Every key that holds ``prefix`` anywhere in its name, and every ACL user that does."""
+    keys = sorted(k.decode() for k in client.scan_iter(match=f"*{prefix}*", count=1000))
+    users = sorted(
+        u.decode() for u in client.execute_command("ACL", "USERS") if prefix in u.decode()
+    )
+    return keys, users
+
+
+@pytest.fixture(scope="module")
+def on_shared_redis(
+    shared_redis: redis.Redis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, object]]:
+    """A quick demo on the shared Redis, up after its job: what it made there while up,
+    then its exit code and what it left after Ctrl-C."""
+    work = tmp_path_factory.mktemp("demo-shared") / "work"
+    run = DemoRun(work, *QUICK, redis_url=DEFAULT_URL)
+    try:
+        run.wait_for("Ctrl-C stops every process", timeout=600)
+        prefix = run.prefix
+        keys_up, users_up = _of_the_run(shared_redis, prefix)
+        code = run.interrupt()
+        time.sleep(1)
+        keys_after, users_after = _of_the_run(shared_redis, prefix)
+        yield {
+            "run": run,
+            "prefix": prefix,
+            "keys_up": keys_up,
+            "users_up": users_up,
+            "code": code,
+            "keys_after": keys_after,
+            "users_after": users_after,
+            "left_running": still_running(work),
+        }
+    finally:
+        run.kill()
+
+
+@pytest.mark.slow
+def test_it_says_which_redis_and_prefix_it_uses(on_shared_redis) -> None:
+    run = on_shared_redis["run"]
+    assert f"Redis: the one at {DEFAULT_URL} (REDIS_URL)" in run.output
+    assert on_shared_redis["prefix"].startswith("demo-")
+
+
+@pytest.mark.slow
+def test_every_key_it_makes_on_a_shared_redis_is_under_its_prefix(on_shared_redis) -> None:
+    prefix, keys = on_shared_redis["prefix"], on_shared_redis["keys_up"]
+    assert any(k.startswith(f"{prefix}:hospital:") for k in keys), keys  # relay streams
+    assert any(k.startswith(f"{prefix}:celery:") for k in keys), keys  # kombu's bindings
+    # Celery's queue is named after the prefix too, so a key kombu made without the
+    # global_keyprefix (``_kombu.binding.<queue>``) would show up here.
+    assert [k for k in keys if not k.startswith(f"{prefix}:")] == []
+
+
+@pytest.mark.slow
+def test_every_acl_user_it_makes_is_under_its_prefix(on_shared_redis) -> None:
+    prefix, users = on_shared_redis["prefix"], on_shared_redis["users_up"]
+    assert len(users) == 3, users
+    assert all(u.startswith(f"{prefix}-hospital-") for u in users), users
+
+
+@pytest.mark.slow
+def test_it_prints_the_results_beside_the_baseline_and_stays_up(on_shared_redis) -> None:
+    run = on_shared_redis["run"]
+    done = run.found(
+        r"done in \d+ s: test accuracy [0-9.]+ \(majority-class baseline [0-9.]+ "
+        r"\(always class \d\)\), AUC [0-9.]+"
+    )
+    after = run.output[done.end() :]
+    assert f"the dashboard stays up: {run.base_url}/#/jobs/1" in after
+    assert "password" in after
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_the_job_exits_0_and_leaves_nothing_behind(on_shared_redis) -> None:
+    run = on_shared_redis["run"]
+    assert on_shared_redis["code"] == 0, run.output
+    assert "stopping (Ctrl-C)" in run.output and "every process stopped" in run.output
+    assert on_shared_redis["left_running"] == []
+    assert on_shared_redis["keys_after"] == []
+    assert on_shared_redis["users_after"] == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_job_stops_every_process_with_130(tmp_path: Path) -> None:
     work = tmp_path / "demo"
-    process = demo(work, "--rounds", "20")
-    lines = []
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line)
-        if "round 1" in line:  # every part is up and a turn is running
-            break
-    process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, "".join(lines) + rest
-    assert "every process stopped" in rest
-    time.sleep(1)
-    assert not still_running(work), still_running(work)
+    run = DemoRun(work, "--rounds", "20", "--local-epochs", "1", redis_url=None)
+    try:
+        run.wait_for(", round 1, ", timeout=600)  # every part is up and a turn is running
+        code = run.interrupt()
+        assert code == 130, run.output
+        assert "every process stopped" in run.output
+        time.sleep(1)
+        assert still_running(work) == []
+    finally:
+        run.kill()

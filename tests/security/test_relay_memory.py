@@ -31,7 +31,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from hospitals import services as hospital_services
 from hospitals.models import Hospital, RedisCredential
-from hospitals.relay_acl import RedisAclUsers, relay_keys
+from hospitals.relay_acl import RedisAclUsers, relay_keys, relay_username
 from hospitals.relay_services import relay_user_lift
 from kernel.actors import Actor
 from tests.security.relay import DeployedRelay, deployed_relay  # noqa: F401 - fixture
@@ -73,7 +73,7 @@ def relay_runtime(settings, tmp_path, deployed_relay: DeployedRelay) -> Iterator
     for key in admin.scan_iter(match=relay_keys().deployment_pattern()):
         admin.delete(key)
     for user in admin.execute_command("ACL", "USERS"):
-        if user.decode().startswith(("hospital-", "workers-")):
+        if user.decode().startswith((relay_username(""), "workers-")):
             admin.execute_command("ACL", "DELUSER", user)
     admin.close()
 
@@ -99,7 +99,7 @@ def _job_with_relay_users(make_job, admin_actor: Actor) -> tuple[Job, dict[str, 
 
 
 def _as_hospital(relay: DeployedRelay, slug: str, password: str) -> redis.Redis:
-    return redis.Redis.from_url(relay.url_for(f"hospital-{slug}", password), socket_timeout=30)
+    return redis.Redis.from_url(relay.url_for(relay_username(slug), password), socket_timeout=30)
 
 
 def _assert_suspended(relay: DeployedRelay, slug: str, password: str, turn: Turn) -> None:

@@ -178,10 +178,13 @@ def processes(tmp_path: Path, redis_url: str, settings) -> Iterator[Processes]:
         running.stop(name)
     forget_jobs(settings.MEDSPLIT["WORKER_REDIS_URL"], Job.objects.values_list("pk", flat=True))
     client = redis.Redis.from_url(redis_url)
-    try:  # the queue's keys on a shared Redis
-        for key in client.scan_iter(match=f"{queue}*"):
+    celery = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]
+    try:  # the queue's keys on a shared Redis (under kombu's global_keyprefix)
+        for key in client.scan_iter(match=f"{celery}{queue}*"):
             client.delete(key)
-        client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        client.delete(
+            f"{celery}_kombu.binding.{queue}", f"{celery}_kombu.binding_permanent.{queue}"
+        )
     except redis.RedisError:
         pass  # a test's own Redis may be gone already
     finally:

@@ -107,10 +107,13 @@ def test_the_celery_dispatcher_puts_the_scheduler_task_on_the_broker(
     client = redis.Redis.from_url(redis_url)
     try:
         CeleryDispatcher().job_changed(4242)
-        messages = client.lrange(queue, 0, -1)
+        # Under kombu's global_keyprefix: the deployment's prefix (coordinator/settings.py).
+        key = app.conf.broker_transport_options["global_keyprefix"] + queue
+        assert key.startswith(f"{settings.MEDSPLIT['RELAY_PREFIX']}:celery:")
+        messages = client.lrange(key, 0, -1)
         assert len(messages) == 1
         assert b"medsplit.advance_job" in messages[0]
     finally:
         app.conf.broker_url, app.conf.task_default_queue = old
-        client.delete(queue)
+        client.delete(key)
         client.close()

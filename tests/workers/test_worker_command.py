@@ -63,13 +63,12 @@ def test_the_documented_worker_command_starts_as_the_workers_user(
     relay.start()
     try:
         prefix = f"t{uuid.uuid4().hex[:8]}"
-        user, password = "medsplit-workers", secrets.token_urlsafe(32)
+        user, password = f"{prefix}-workers", secrets.token_urlsafe(32)
         with override_settings(MEDSPLIT={**settings.MEDSPLIT, "RELAY_PREFIX": prefix}):
             RedisAclUsers(relay.admin_url).provision_workers(
                 username=user, password_sha256=hashlib.sha256(password.encode()).hexdigest()
             )
         workers_url = relay.url_for(user, password)
-        # A name under the workers' Celery patterns (celery*), as the deployment's are.
         queue = f"celery-{uuid.uuid4().hex[:8]}"
         env = {
             **os.environ,

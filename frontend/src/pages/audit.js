@@ -7,7 +7,7 @@
 // Back and Forward change the hash, and the router renders the page again from it.
 
 import { api, ApiError } from "../api.js";
-import { ago, badge, el, field, showErrors } from "../ui.js";
+import { ago, badge, bytes, el, field, showErrors } from "../ui.js";
 
 /** The list's query parameters (platform/audit/filters.py), in the order of the form. */
 const FILTERS = ["actor", "action", "hospital", "job", "created_after", "created_before"];
@@ -129,34 +129,76 @@ function timeCell(iso) {
 
 // -- details ----------------------------------------------------------------------------
 
-const MAX_VALUE = 40;
+const MAX_VALUE = 60;
 const MAX_PAIRS = 6;
+const whole = new Intl.NumberFormat();
+
+// PostgreSQL keeps JSON objects in its own key order: the summary orders them itself, the
+// usual keys of an event first, the rest (and every nested map) alphabetically.
+const FIRST = ["reason", "round", "position", "attempt", "steps", "samples", "bytes_up", "bytes_down", "metrics", "crossed"];
+const sorted = (object) => Object.entries(object).sort(([a], [b]) => a.localeCompare(b));
+function ordered(details) {
+  const rank = (key) => (FIRST.includes(key) ? FIRST.indexOf(key) : FIRST.length);
+  return sorted(details).sort(([a], [b]) => rank(a) - rank(b));
+}
 
 function truncate(text, max) {
   return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }
 
-function valueText(value) {
-  if (value === null) return "null";
-  if (typeof value === "string") return value;
-  if (typeof value === "object") return JSON.stringify(value);
-  return String(value);
+/** What crossed the cut ({"up"|"down": {kind: {tensor: dtype}}}) in words: names only. */
+function crossedText(crossed) {
+  const sides = [];
+  for (const direction of ["up", "down", ...Object.keys(crossed || {}).filter((d) => d !== "up" && d !== "down")]) {
+    const kinds = (crossed || {})[direction];
+    const parts = sorted(kinds || {}).map(([kind, tensors]) => {
+      const names = Object.keys(tensors || {}).sort();
+      return `${kind.replace(/_/g, " ")} (${names.join(", ") || "nothing"})`;
+    });
+    if (parts.length) sides.push(`${direction}: ${parts.join("; ")}`);
+  }
+  return sides.join(" · ");
 }
 
-/** ``key=value`` pairs, long values cut short; the full JSON in the title. */
+/** One value for people: numbers grouped, sizes in bytes, small maps as pairs. */
+function valueText(key, value) {
+  if (value === null || value === undefined) return "none";
+  if (typeof value === "number") {
+    if (/bytes|size/.test(key)) return bytes(value);
+    return Number.isInteger(value) ? whole.format(value) : value.toFixed(4);
+  }
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  if (typeof value === "string") return value || "“”";
+  if (Array.isArray(value)) return value.length <= 4 ? value.map((v) => valueText(key, v)).join(", ") : `${value.length} items`;
+  if (key === "crossed") return crossedText(value);
+  const entries = sorted(value);
+  if (!entries.length) return "none";
+  if (entries.length <= 6 && entries.every(([, v]) => v === null || typeof v !== "object")) {
+    return entries.map(([k, v]) => `${k.replace(/_/g, " ")} ${valueText(k, v)}`).join(", ");
+  }
+  return `${entries.length} fields`;
+}
+
+/** A readable summary of an event's details, and the JSON itself on demand. */
 function detailsCell(details) {
   if (!details || typeof details !== "object" || !Object.keys(details).length) {
     return el("span", { class: "muted" }, "–");
   }
-  const entries = Object.entries(details);
+  const entries = ordered(details);
   const pairs = entries
     .slice(0, MAX_PAIRS)
-    .map(([key, value]) => `${key}=${truncate(valueText(value), MAX_VALUE)}`);
-  if (entries.length > MAX_PAIRS) pairs.push(`… +${entries.length - MAX_PAIRS} more`);
+    .map(([key, value]) => `${key.replace(/_/g, " ")}: ${truncate(valueText(key, value), key === "crossed" ? 3 * MAX_VALUE : 2 * MAX_VALUE)}`);
+  if (entries.length > MAX_PAIRS) pairs.push(`+${entries.length - MAX_PAIRS} more`);
   return el(
-    "span",
-    { class: "audit-details", title: JSON.stringify(details, null, 1) },
-    pairs.join(" "),
+    "div",
+    { class: "audit-details" },
+    el("div", { "data-testid": "audit-summary" }, pairs.join(" · ")),
+    el(
+      "details",
+      {},
+      el("summary", {}, "JSON"),
+      el("pre", { "data-testid": "audit-json" }, JSON.stringify(details, null, 2)),
+    ),
   );
 }
 

@@ -6,12 +6,14 @@ import { api, apiAll, ApiError } from "../api.js";
 import { isConsortiumAdmin, poll } from "../app.js";
 import { ago, badge, busy, el, latest, swap, toast } from "../ui.js";
 import {
-  agentStatusBadge,
+  agentText,
   connectionBadge,
   hospitalStatusBadge,
   imageShapeText,
   showCode,
+  loadActiveJobs,
   splitSizesText,
+  turnsNow,
 } from "./hospitals.js";
 
 const POLL_SECONDS = 5;
@@ -37,16 +39,17 @@ export async function render(root, params) {
     async () => {
       // The hospital first: a 404 here is the page's answer (let it propagate).
       const hospital = await api(path);
-      const [tokens, jobs] = await Promise.all([
+      const [tokens, jobs, activeJobs] = await Promise.all([
         tokensHidden ? null : apiAll(`${path}tokens/`).catch((error) => hiddenOn403(error, "tokens")),
         jobsHidden ? null : apiAll("jobs/", { hospital: slug }).catch((error) => hiddenOn403(error, "jobs")),
+        jobsHidden ? [] : loadActiveJobs().catch(() => []),
       ]);
-      return { hospital, tokens, jobs };
+      return { hospital, tokens, jobs, activeJobs };
     },
-    ({ hospital, tokens, jobs }) => {
+    ({ hospital, tokens, jobs, activeJobs }) => {
       current = hospital;
       title.textContent = hospital.name;
-      swap(detailsBox, details(hospital));
+      swap(detailsBox, details(hospital, turnsNow(activeJobs).get(hospital.slug)));
       swap(datasetBox, dataset(hospital.dataset_summary, hospital.data_problem));
       if (admin) swap(actionsBox, ...actionButtons(hospital));
       if (tokens) swap(tokensBox, tokenTable(tokens));
@@ -169,13 +172,13 @@ function when(iso) {
   return el("time", { datetime: iso, title: new Date(iso).toLocaleString() }, ago(iso));
 }
 
-function details(h) {
+function details(h, turnNow) {
   const rows = [
     ["Slug", el("code", {}, h.slug)],
     ["Status", hospitalStatusBadge(h.status)],
     ["Connection", connectionBadge(h)],
     ["Last heartbeat", when(h.last_seen_at)],
-    ["Agent status", agentStatusBadge(h.agent_status)],
+    ["Agent status", agentText({ ...h, agent_version: "" }, turnNow)],
     ["Agent version", h.agent_version || "–"],
     ["Asked or registered", when(h.created_at)],
     ["Approved", when(h.approved_at)],

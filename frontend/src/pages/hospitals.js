@@ -31,14 +31,47 @@ export function connectionBadge(hospital) {
   return badge("offline");
 }
 
-export function agentText(hospital) {
+/** The running and paused jobs with their status (GET jobs/<id>/status/): the one record
+ * of which hospital's turn runs, read by the overview's job rows and every hospital table. */
+export async function loadActiveJobs() {
+  const [running, paused] = await Promise.all([
+    apiAll("jobs/", { state: "running" }),
+    apiAll("jobs/", { state: "paused" }),
+  ]);
+  const jobs = [...running, ...paused].sort((a, b) => b.id - a.id);
+  const statuses = await Promise.all(jobs.map((job) => api(`jobs/${job.id}/status/`).catch(() => null)));
+  return jobs.map((job, i) => ({ job, status: statuses[i] }));
+}
+
+/** Hospital slug -> the turn of it that is running now (its job, round and attempt). */
+export function turnsNow(activeJobs) {
+  const now = new Map();
+  for (const { job, status } of activeJobs || []) {
+    const turn = status?.turn;
+    if (status?.state !== "running" || turn?.status !== "running") continue;
+    now.set(turn.hospital, { job: job.id, jobName: job.name || `Job ${job.id}`, round: status.round, attempt: turn.attempt });
+  }
+  return now;
+}
+
+/** "in its turn" (with its job and round) while a turn of it runs; else what its agent's
+ * last heartbeat said (idle, busy, ...), which lags by up to a heartbeat. */
+export function agentText(hospital, turnNow) {
+  const version = hospital.agent_version ? ` v${hospital.agent_version}` : null;
+  if (turnNow) {
+    return el(
+      "span",
+      { "data-testid": `in-turn-${hospital.slug}` },
+      badge("in its turn", "busy"),
+      " ",
+      el("a", { href: `#/jobs/${turnNow.job}` }, turnNow.jobName),
+      `, round ${turnNow.round + 1}`,
+      turnNow.attempt > 1 ? `, attempt ${turnNow.attempt}` : "",
+      version,
+    );
+  }
   if (!hospital.agent_status && !hospital.agent_version) return el("span", { class: "muted" }, "–");
-  return el(
-    "span",
-    {},
-    agentStatusBadge(hospital.agent_status),
-    hospital.agent_version ? ` v${hospital.agent_version}` : null,
-  );
+  return el("span", {}, agentStatusBadge(hospital.agent_status), version);
 }
 
 function sortedLabels(counts) {
@@ -157,9 +190,9 @@ export async function render(root) {
   root.append(el("h2", { id: "hospital-list-title" }, "All hospitals"), listBox, updated);
 
   const refresh = latest(
-    () => apiAll("hospitals/"),
-    (hospitals) => {
-      swap(listBox, hospitalTable(hospitals, { labelledBy: "hospital-list-title" }));
+    () => Promise.all([apiAll("hospitals/"), loadActiveJobs()]),
+    ([hospitals, activeJobs]) => {
+      swap(listBox, hospitalTable(hospitals, { labelledBy: "hospital-list-title", turns: turnsNow(activeJobs) }));
       if (admin) swap(requestsBox, requestsTable(hospitals.filter((h) => h.status === "requested")));
       updated.textContent = `Updated ${new Date().toLocaleTimeString()}; refreshes every ${POLL_SECONDS} s.`;
     },
@@ -320,7 +353,7 @@ export async function render(root) {
 }
 
 /** The hospitals as a table; ``withDataset`` adds the slug and the dataset summary. */
-export function hospitalTable(hospitals, { labelledBy, withDataset = true } = {}) {
+export function hospitalTable(hospitals, { labelledBy, withDataset = true, turns = new Map() } = {}) {
   if (!hospitals.length) return el("p", { class: "muted" }, "No hospital yet.");
   const columns = ["Hospital", "Status", "Connection", "Last heartbeat", "Agent"];
   if (withDataset) columns.push("Dataset");
@@ -348,7 +381,7 @@ export function hospitalTable(hospitals, { labelledBy, withDataset = true } = {}
             { title: h.last_seen_at ? new Date(h.last_seen_at).toLocaleString() : null },
             ago(h.last_seen_at),
           ),
-          el("td", {}, agentText(h)),
+          el("td", {}, agentText(h, turns.get(h.slug))),
           withDataset ? el("td", {}, datasetCell(h.dataset_summary)) : null,
         ),
       ),

@@ -495,6 +495,18 @@ export async function render(root) {
       }
     } catch (error) {
       if (ask !== cutRequest) return;
+      if (error.status === 429) {
+        // The coordinator traces one table at a time: it is busy, not refusing. Ask
+        // again when it says, unless another model or shape was asked for meanwhile.
+        const wait = Math.min(Math.max(error.retryAfter ?? 5, 1), 60);
+        cutTableBox.replaceChildren(
+          el("p", { class: "muted" }, `The coordinator is busy working out cut tables; asking again in ${wait} s…`),
+        );
+        setTimeout(() => {
+          if (ask === cutRequest) loadCuts(spec, shape);
+        }, wait * 1000);
+        return;
+      }
       cutRows = [];
       const why = Object.values(error.details || {}).flat().join(" ");
       cutTableBox.replaceChildren(

@@ -5,11 +5,14 @@
 // Polls every 2 s while the job can still change:
 //   GET /api/jobs/<id>/status/          state, round, current turn, totals (fast)
 //   GET /api/jobs/<id>/turns/           every turn with its counters and metrics
-//   GET /api/jobs/<id>/metrics/?since=  only the metric points not yet seen
+//   GET /api/jobs/<id>/metrics/?since=  only the metric points not yet seen (bytes, speed)
+//   GET /api/jobs/<id>/loss-series/     one loss curve per hospital over the job's steps,
+//                                       where each round starts, the steps of each turn
 //   GET /api/jobs/<id>/                 again only when the state changed (its reason)
+// and once GET /api/hospitals/ for the label counts (each accuracy's majority baseline).
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
 
-import { api, apiAll } from "../api.js";
+import { api, apiAll, CoordinatorUnreachable } from "../api.js";
 import { every, isConsortiumAdmin } from "../app.js";
 import { ago, badge, bytes, duration, el, table, toast } from "../ui.js";
 
@@ -22,14 +25,19 @@ const ACTIONS = [
   { name: "resume", label: "Resume", from: ["paused"], done: "resumed" },
   { name: "cancel", label: "Cancel job", from: ["draft", "scheduled", "running", "paused"], done: "cancelled" },
 ];
-const COLOURS = ["#1f5fbf", "#c2410c", "#15803d", "#7c3aed", "#b91c1c", "#0e7490", "#a16207", "#be185d"];
-const DASHES = [[], [6, 3], [2, 3], [10, 4, 2, 4]];
+// Ten colours told apart at a glance (a job of ten hospitals has one each).
+const COLOURS = [
+  "#1f5fbf", "#c2410c", "#15803d", "#7c3aed", "#b91c1c",
+  "#0e7490", "#a16207", "#be185d", "#4d7c0f", "#334155",
+];
 // Overlap of incremental metric fetches: a point can be stored with a time slightly
 // before another that was already read; the overlap (and de-duplication) catches it.
 const SINCE_OVERLAP_MS = 10_000;
+// Steps per second, one definition everywhere on the page: the job's training steps in
+// the last RATE_WINDOW_S seconds of its progress (every turn shown, the gaps between
+// turns included), per second.
 const RATE_WINDOW_S = 60;
-
-
+const RATE_TEXT = `training steps per second over the last ${RATE_WINDOW_S} s of progress, gaps between turns included`;
 
 const whole = new Intl.NumberFormat();
 const fixed = (n, digits = 4) => (n === null || n === undefined ? "–" : Number(n).toFixed(digits));
@@ -45,42 +53,112 @@ function optimizerText(config) {
   return `${name} (${Object.entries(rest).map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`).join(", ")})`;
 }
 
-function metricsText(metrics) {
-  const entries = Object.entries(metrics || {});
-  if (!entries.length) return "–";
-  return entries
-    .map(([k, v]) => `${k.replace(/^val_/, "val ")} ${Number.isInteger(v) ? v : Number(v).toFixed(4)}`)
-    .join(", ");
+const num = (v, digits = 3) => (Number.isInteger(v) ? String(v) : Number(v).toFixed(digits));
+
+/** The majority class's share of a hospital's labels (its heartbeat's label counts): the
+ * accuracy of always answering that class. The validation split is stratified by label,
+ * so it holds (nearly) the same share. Null where the counts are not known. */
+export function majorityShare(summary) {
+  const counts = Object.values(summary?.label_counts || {}).filter((n) => typeof n === "number");
+  const total = counts.reduce((a, b) => a + b, 0);
+  return total > 0 ? Math.max(...counts) / total : null;
 }
 
-/** Steps per second from a turn's points over the last RATE_WINDOW_S seconds. */
-function recentRate(points) {
-  if (!points || points.length < 2) return null;
-  const last = points[points.length - 1];
-  const lastTime = Date.parse(last.time);
-  let first = points[0];
-  for (let i = points.length - 2; i >= 0; i -= 1) {
-    first = points[i];
-    if (lastTime - Date.parse(points[i].time) >= RATE_WINDOW_S * 1000) break;
-  }
-  const seconds = (lastTime - Date.parse(first.time)) / 1000;
-  if (seconds <= 0 || last.step <= first.step) return null;
-  return (last.step - first.step) / seconds;
+/** An accuracy with its majority-class baseline beside it. */
+function accuracyText(accuracy, baseline) {
+  const shown = el("span", {}, `accuracy ${num(accuracy)}`);
+  const beside =
+    baseline === null || baseline === undefined
+      ? el("span", { class: "baseline", title: "the hospital's label counts are not known here" }, " (majority baseline not known)")
+      : el(
+          "span",
+          { class: "baseline", title: "the accuracy of always answering the hospital's most frequent label" },
+          ` (majority class ${num(baseline)})`,
+        );
+  return el("span", {}, shown, beside);
 }
 
-/** Steps per second over every turn: steps between each turn's first and last point. */
-function averageRate(pointsByTurn) {
-  let steps = 0;
-  let seconds = 0;
-  for (const points of pointsByTurn.values()) {
-    if (points.length < 2) continue;
-    const first = points[0];
-    const last = points[points.length - 1];
-    steps += last.step - first.step;
-    seconds += (Date.parse(last.time) - Date.parse(first.time)) / 1000;
-  }
-  return seconds > 0 && steps > 0 ? steps / seconds : null;
+/** The validation metrics of a turn: accuracy (with its baseline), loss, AUC, samples. */
+function validationCell(metrics, baseline) {
+  const m = metrics || {};
+  const parts = [];
+  if (typeof m.val_accuracy === "number") parts.push(accuracyText(m.val_accuracy, baseline));
+  if (typeof m.val_loss === "number") parts.push(`loss ${num(m.val_loss, 4)}`);
+  if (typeof m.val_auc === "number") parts.push(`AUC ${num(m.val_auc)}`);
+  if (typeof m.val_samples === "number") parts.push(`${whole.format(m.val_samples)} samples`);
+  const known = new Set(["val_accuracy", "val_loss", "val_auc", "val_samples", "train_loss"]);
+  for (const [k, v] of Object.entries(m)) if (!known.has(k)) parts.push(`${k.replace(/_/g, " ")} ${num(v, 4)}`);
+  if (!parts.length) return "–";
+  return el(
+    "span",
+    { "data-testid": "validation-cell" },
+    "val ",
+    parts.flatMap((part, i) => (i ? [" · ", part] : [part])),
+  );
 }
+
+/** The job's steps over time from its stored points: each point carries its turn's totals
+ * so far, so the job's total grows by what its turn gained since that turn's last point. */
+function totalsOverTime(pointsByTurn) {
+  const all = [...pointsByTurn.values()].flat().sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+  const latest = new Map();
+  const total = { steps: 0, up: 0, down: 0 };
+  return all.map((p) => {
+    const before = latest.get(p.turn) || { steps: 0, up: 0, down: 0 };
+    total.steps += p.step - before.steps;
+    total.up += p.bytes_up - before.up;
+    total.down += p.bytes_down - before.down;
+    latest.set(p.turn, { steps: p.step, up: p.bytes_up, down: p.bytes_down });
+    return { time: Date.parse(p.time), ...total };
+  });
+}
+
+/** RATE_TEXT: steps in the last RATE_WINDOW_S s of progress, per second (null: too few). */
+function stepRate(totals) {
+  if (totals.length < 2) return null;
+  const last = totals[totals.length - 1];
+  let first = totals[0];
+  for (let i = totals.length - 2; i >= 0; i -= 1) {
+    first = totals[i];
+    if (last.time - totals[i].time >= RATE_WINDOW_S * 1000) break;
+  }
+  const seconds = (last.time - first.time) / 1000;
+  return seconds > 0 && last.steps > first.steps ? (last.steps - first.steps) / seconds : null;
+}
+
+const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+
+/** Vertical lines where each round starts on the loss chart, labelled "round N". */
+const roundLines = {
+  id: "roundLines",
+  afterDatasetsDraw(chart, _args, options) {
+    const starts = options?.starts || [];
+    const { ctx, chartArea, scales } = chart;
+    if (!starts.length || !scales.x) return;
+    ctx.save();
+    ctx.strokeStyle = "#8a8f98";
+    ctx.fillStyle = "#555";
+    ctx.setLineDash([4, 4]);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textAlign = "left";
+    let free = -Infinity; // where the last label ended: a label that would touch it is left out
+    for (const start of starts) {
+      const x = scales.x.getPixelForValue(start.start);
+      if (x < chartArea.left - 1 || x > chartArea.right + 1) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, chartArea.top);
+      ctx.lineTo(x, chartArea.bottom);
+      ctx.stroke();
+      const text = free === -Infinity ? `round ${start.round + 1}` : String(start.round + 1);
+      const width = ctx.measureText(text).width;
+      if (x + 3 >= free && x + 3 + width <= chartArea.right) {
+        ctx.fillText(text, x + 3, chartArea.top + 11);
+        free = x + 3 + width + 6;
+      }
+    }
+    ctx.restore();
+  },
+};
 
 /** A round's name on the validation chart (indices count from 0, people from 1). */
 const roundName = (index) => `round ${index + 1}`;
@@ -159,10 +237,17 @@ export async function render(root, [id], session) {
     [sRound, sTurn, sSteps, sBytes, sRate, sLeft, sLoss].map((s) => s.node),
   );
 
-  const lossCanvas = canvas("loss-chart", "Training loss per hospital and round, by step");
+  const lossCanvas = canvas("loss-chart", "Training loss, one curve per hospital over the job's steps, rounds marked");
   const valCanvas = canvas("validation-chart", "Validation accuracy and loss per hospital, by round");
-  const bytesCanvas = canvas("bytes-chart", "Bytes sent up and down over time");
+  const bytesCanvas = canvas("bytes-chart", "Bytes sent up and down, by time of day");
   const chartNote = el("p", { class: "muted" });
+  const lossNote = el("p", { class: "muted chart-note", "data-testid": "loss-note" });
+  const valNote = el(
+    "p",
+    { class: "muted chart-note" },
+    "Solid: validation accuracy · dotted: the hospital's majority-class share (the accuracy of always answering its most frequent label) · dashed: validation loss (right axis).",
+  );
+  const updated = el("p", { class: "muted", "data-testid": "job-updated", role: "status" });
   const charts = el(
     "section",
     { "aria-label": "Charts" },
@@ -170,12 +255,13 @@ export async function render(root, [id], session) {
     el(
       "div",
       { class: "grid job-charts" },
-      el("div", { class: "card" }, el("h2", {}, "Training loss"), el("div", { class: "chart-box" }, lossCanvas)),
+      el("div", { class: "card" }, el("h2", {}, "Training loss"), el("div", { class: "chart-box" }, lossCanvas), lossNote),
       el(
         "div",
         { class: "card" },
         el("h2", {}, "Validation accuracy and loss"),
         el("div", { class: "chart-box" }, valCanvas),
+        valNote,
       ),
       el("div", { class: "card" }, el("h2", {}, "Bytes up and down"), el("div", { class: "chart-box" }, bytesCanvas)),
     ),
@@ -188,6 +274,7 @@ export async function render(root, [id], session) {
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
     title,
     head,
+    updated,
     controls || "", // append(null) would show "null"
     stats,
     el("h2", {}, "Charts"),
@@ -201,6 +288,10 @@ export async function render(root, [id], session) {
   // -- state -------------------------------------------------------------------------
   let status = null;
   let turns = [];
+  let series = null; // GET loss-series/
+  const baselines = new Map(); // slug -> majority share, where the label counts are known
+  let baselinesLoaded = false;
+  let updatedAt = null;
   const pointsByTurn = new Map(); // turn id -> its points, in step order
   const seen = new Set(); // "turn:step"
   let lastPointTime = null;
@@ -214,9 +305,32 @@ export async function render(root, [id], session) {
   let lossChart = null;
   let valChart = null;
   let bytesChart = null;
-  const lossSets = new Map(); // turn id -> dataset
   const slugs = (job.participants || []).map((p) => p.hospital);
   const colourOf = (slug) => COLOURS[Math.max(0, slugs.indexOf(slug)) % COLOURS.length];
+
+  // One legend entry per hospital (clicking it hides or shows all of that hospital's
+  // lines): ten hospitals fit; a line's kind is told by its style, said under the chart.
+  const hospitalLegend = {
+    position: "bottom",
+    labels: {
+      boxWidth: 12,
+      generateLabels: (chart) =>
+        slugs.map((slug) => ({
+          text: hospitalName(slug),
+          fillStyle: colourOf(slug),
+          strokeStyle: colourOf(slug),
+          hidden: chart.data.datasets.every((d, i) => d.hospital !== slug || !chart.isDatasetVisible(i)),
+          hospital: slug,
+        })),
+    },
+    onClick: (_event, item, legend) => {
+      const chart = legend.chart;
+      chart.data.datasets.forEach((d, i) => {
+        if (d.hospital === item.hospital) chart.setDatasetVisibility(i, item.hidden);
+      });
+      chart.update("none");
+    },
+  };
 
   function baseOptions(xTitle, yTitle) {
     return {
@@ -233,10 +347,32 @@ export async function render(root, [id], session) {
   }
 
   if (Chart) {
+    const lossOptions = baseOptions("step of the job (the hospitals' turns one after another)", "training loss");
+    lossOptions.plugins.legend = hospitalLegend;
+    lossOptions.plugins.roundLines = { starts: [] };
+    lossOptions.plugins.tooltip = {
+      callbacks: {
+        title: (items) => (items.length ? `step ${items[0].parsed.x}` : ""),
+        label: (item) => `${item.dataset.label}: ${fixed(item.parsed.y)}`,
+      },
+    };
     lossChart = new Chart(lossCanvas, {
       type: "line",
-      data: { datasets: [] },
-      options: baseOptions("step of the turn", "training loss"),
+      data: {
+        datasets: slugs.map((slug) => ({
+          label: hospitalName(slug),
+          hospital: slug,
+          data: [],
+          borderColor: colourOf(slug),
+          backgroundColor: colourOf(slug),
+          pointRadius: 0,
+          borderWidth: 1.5,
+          // From one of its turns to its next the line runs over the others' turns: dotted.
+          segment: { borderDash: (ctx) => (betweenTurns(ctx.p0.parsed.x, ctx.p1.parsed.x) ? [2, 4] : undefined) },
+        })),
+      },
+      options: lossOptions,
+      plugins: [roundLines],
     });
     const valOptions = baseOptions("round", "accuracy");
     valOptions.scales.x = { type: "category", title: { display: true, text: "round" } };
@@ -247,6 +383,7 @@ export async function render(root, [id], session) {
       title: { display: true, text: "loss" },
       grid: { drawOnChartArea: false },
     };
+    valOptions.plugins.legend = hospitalLegend;
     valChart = new Chart(valCanvas, {
       type: "line",
       data: {
@@ -254,13 +391,26 @@ export async function render(root, [id], session) {
         datasets: slugs.flatMap((slug) => [
           {
             label: `accuracy · ${hospitalName(slug)}`,
+            hospital: slug,
             data: [],
             yAxisID: "y",
             borderColor: colourOf(slug),
             backgroundColor: colourOf(slug),
           },
           {
+            label: `majority-class share · ${hospitalName(slug)}`,
+            hospital: slug,
+            data: [],
+            yAxisID: "y",
+            borderColor: colourOf(slug),
+            backgroundColor: colourOf(slug),
+            borderDash: [2, 3],
+            borderWidth: 1,
+            pointRadius: 0,
+          },
+          {
             label: `loss · ${hospitalName(slug)}`,
+            hospital: slug,
             data: [],
             yAxisID: "y1",
             borderColor: colourOf(slug),
@@ -271,10 +421,14 @@ export async function render(root, [id], session) {
       },
       options: valOptions,
     });
-    const bytesOptions = baseOptions("minutes since the first step", "bytes (total)");
+    const bytesOptions = baseOptions("time of day", "bytes (total)");
+    bytesOptions.scales.x.ticks = { callback: (value) => clock(value), maxTicksLimit: 8 };
     bytesOptions.scales.y.ticks = { callback: (value) => bytes(value) };
     bytesOptions.plugins.tooltip = {
-      callbacks: { label: (item) => `${item.dataset.label}: ${bytes(item.parsed.y)}` },
+      callbacks: {
+        title: (items) => (items.length ? clock(items[0].parsed.x) : ""),
+        label: (item) => `${item.dataset.label}: ${bytes(item.parsed.y)}`,
+      },
     };
     bytesChart = new Chart(bytesCanvas, {
       type: "line",
@@ -290,37 +444,34 @@ export async function render(root, [id], session) {
     chartNote.textContent = "Charts are unavailable: the chart library did not load.";
   }
 
-  function turnLabel(turn) {
-    const attempt = turn.attempt > 1 ? ` (attempt ${turn.attempt})` : "";
-    return `round ${turn.round + 1} · ${hospitalName(turn.hospital)}${attempt}`;
+  // A hospital takes one turn a round: two of its points with a round's start between
+  // them belong to two of its turns (a turn's last step may sit on the next round's start;
+  // the next turn's first step lies after it).
+  function betweenTurns(x0, x1) {
+    return (series?.rounds || []).some((r) => x0 <= r.start && r.start < x1);
   }
 
   function updateCharts() {
     if (stopped || !Chart) return;
-    const turnById = new Map(turns.map((t) => [t.id, t]));
-    // Loss: one dataset per turn, in the order the turns first reported.
-    for (const [turnId, points] of pointsByTurn) {
-      let set = lossSets.get(turnId);
-      const turn = turnById.get(turnId);
-      if (!set) {
-        const slug = turn?.hospital;
-        set = {
-          label: turn ? turnLabel(turn) : `turn ${turnId}`,
-          data: [],
-          borderColor: colourOf(slug),
-          backgroundColor: colourOf(slug),
-          borderDash: DASHES[(turn?.round || 0) % DASHES.length],
-          pointRadius: 0,
-          borderWidth: 1.5,
-        };
-        lossSets.set(turnId, set);
-        lossChart.data.datasets.push(set);
-      } else if (turn) {
-        set.label = turnLabel(turn);
-      }
-      set.data = points.map((p) => ({ x: p.step, y: p.loss }));
+    // Loss: one curve per hospital over the job's steps (GET loss-series/).
+    const curves = new Map((series?.series || []).map((c) => [c.hospital, c.points]));
+    for (const set of lossChart.data.datasets) {
+      set.data = (curves.get(set.hospital) || []).map(([x, y]) => ({ x, y }));
     }
+    lossChart.options.plugins.roundLines.starts = series?.rounds || [];
+    lossChart.options.scales.x.min = 0;
+    lossChart.options.scales.x.suggestedMax = series?.total_steps || undefined;
     lossChart.update("none");
+    const anyLoss = [...curves.values()].some((points) => points.length);
+    const from =
+      series?.loss_from === "hospital"
+        ? "Each hospital computes its own loss in this mode; its agent reports it (one number, about once a second)."
+        : "The loss as the server computes it at each step.";
+    lossNote.textContent = anyLoss
+      ? `${from} Dashed grey lines: where each round starts, numbered; dotted: a hospital's curve from one of its turns to its next.`
+      : series?.loss_from === "hospital"
+        ? `${from} None reported yet (an agent may be set not to: report_loss = false).`
+        : "No loss yet: it appears with the first steps.";
 
     // Validation: the last completed attempt of each (round, hospital).
     const best = new Map();
@@ -330,38 +481,25 @@ export async function render(root, [id], session) {
     }
     slugs.forEach((slug, i) => {
       const mine = [...best.values()].filter((t) => t.hospital === slug).sort((a, b) => a.round - b.round);
-      const pick = (t, ...keys) => {
-        for (const k of keys) if (typeof t.metrics[k] === "number") return t.metrics[k];
-        return null;
-      };
-      valChart.data.datasets[2 * i].data = mine
-        .map((t) => ({ x: roundName(t.round), y: pick(t, "val_accuracy", "accuracy") }))
+      const pick = (t, key) => (typeof t.metrics[key] === "number" ? t.metrics[key] : null);
+      valChart.data.datasets[3 * i].data = mine
+        .map((t) => ({ x: roundName(t.round), y: pick(t, "val_accuracy") }))
         .filter((p) => p.y !== null);
-      valChart.data.datasets[2 * i + 1].data = mine
-        .map((t) => ({ x: roundName(t.round), y: pick(t, "val_loss", "loss") }))
+      const baseline = baselines.get(slug);
+      valChart.data.datasets[3 * i + 1].data =
+        baseline === undefined || baseline === null
+          ? []
+          : Array.from({ length: job.rounds }, (_, r) => ({ x: roundName(r), y: baseline }));
+      valChart.data.datasets[3 * i + 2].data = mine
+        .map((t) => ({ x: roundName(t.round), y: pick(t, "val_loss") }))
         .filter((p) => p.y !== null);
     });
     valChart.update("none");
 
-    // Bytes: the job's totals over time (each point carries its turn's totals so far).
-    const all = [...pointsByTurn.values()].flat().sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
-    const latest = new Map();
-    let upTotal = 0;
-    let downTotal = 0;
-    const up = [];
-    const down = [];
-    const start = all.length ? Date.parse(all[0].time) : 0;
-    for (const p of all) {
-      const before = latest.get(p.turn) || { up: 0, down: 0 };
-      upTotal += p.bytes_up - before.up;
-      downTotal += p.bytes_down - before.down;
-      latest.set(p.turn, { up: p.bytes_up, down: p.bytes_down });
-      const x = (Date.parse(p.time) - start) / 60000;
-      up.push({ x, y: upTotal });
-      down.push({ x, y: downTotal });
-    }
-    bytesChart.data.datasets[0].data = up;
-    bytesChart.data.datasets[1].data = down;
+    // Bytes: the job's totals by time of day.
+    const totals = totalsOverTime(pointsByTurn);
+    bytesChart.data.datasets[0].data = totals.map((p) => ({ x: p.time, y: p.up }));
+    bytesChart.data.datasets[1].data = totals.map((p) => ({ x: p.time, y: p.down }));
     bytesChart.update("none");
   }
 
@@ -456,29 +594,39 @@ export async function render(root, [id], session) {
     sBytes.value.textContent = `${bytes(totals.bytes_up)} / ${bytes(totals.bytes_down)}`;
     sBytes.sub.textContent = session.me?.role === "hospital_admin" ? "over your hospital's turns so far" : "over every turn so far";
 
-    const running = state === "running";
-    const currentPoints = turn ? pointsByTurn.get(turn.id) : null;
-    const recent = running && turn?.status === "running" ? recentRate(currentPoints) : null;
-    const rate = recent ?? averageRate(pointsByTurn);
+    const rate = stepRate(totalsOverTime(pointsByTurn));
     sRate.value.textContent = rate ? rate.toFixed(rate < 10 ? 2 : 1) : "–";
-    sRate.sub.textContent = rate ? (recent ? `over the last ${RATE_WINDOW_S} s of this turn` : "average over the turns") : "not measured yet";
+    sRate.sub.textContent = rate ? RATE_TEXT : `not measured yet (${RATE_TEXT})`;
 
-    // Time left: the steps still to take over the time one step takes. Known only when a
-    // turn's steps are capped: completed or skipped places count as done.
+    // Time left: the steps still to take over the rate above. A turn takes the steps its
+    // hospital's training split gives (batch size, local epochs, drop_last, step limit);
+    // completed or skipped places count as done, a running one by the steps it took.
     let left = "unknown";
     let leftSub = "";
     const places = slugs.length * rounds;
+    const perTurn = series?.turn_steps || {};
+    const unknown = slugs.filter((slug) => typeof perTurn[slug] !== "number");
     if (TERMINAL.has(state)) {
       left = "–";
       leftSub = `the job is ${state}`;
-    } else if (!job.description?.max_steps_per_turn || !places) {
-      leftSub = "no step limit per turn, so the remaining steps are not known";
+    } else if (!places) {
+      leftSub = "no participants";
+    } else if (unknown.length && session.me?.role === "hospital_admin") {
+      leftSub = "the other hospitals' split sizes are not shown to you, so the steps to go are not known";
+    } else if (unknown.length) {
+      leftSub = `${unknown.map(hospitalName).join(", ")} reported no split sizes yet, so the steps to go are not known`;
     } else {
-      const done = new Set(
-        turns.filter((t) => t.status === "completed" || t.status === "skipped").map((t) => `${t.round}:${t.position}`),
-      );
-      const inFlight = turn && turn.status === "running" && !done.has(`${round}:${turn.position}`) ? turn.steps ?? 0 : 0;
-      const remaining = Math.max(0, (places - done.size) * job.description?.max_steps_per_turn - inFlight);
+      const byPlace = new Map();
+      for (const t of turns) byPlace.set(`${t.round}:${t.position}`, t); // the latest attempt
+      let remaining = 0;
+      for (let r = 0; r < rounds; r += 1) {
+        slugs.forEach((slug, position) => {
+          const t = byPlace.get(`${r}:${position}`);
+          if (t && (t.status === "completed" || t.status === "skipped")) return;
+          const done = t && t.status === "running" && known(t.steps) ? t.steps : 0;
+          remaining += Math.max(0, perTurn[slug] - done);
+        });
+      }
       if (remaining === 0) {
         left = "0 s";
       } else if (rate) {
@@ -493,7 +641,8 @@ export async function render(root, [id], session) {
     sLeft.sub.textContent = leftSub;
 
     sLoss.value.textContent = status?.last_loss === null || status?.last_loss === undefined ? "–" : fixed(status.last_loss);
-    sLoss.sub.textContent = turn ? `of ${hospitalName(turn.hospital)}'s turn` : "";
+    const whose = series?.loss_from === "hospital" ? " (as the hospital reported it)" : "";
+    sLoss.sub.textContent = turn ? `of ${hospitalName(turn.hospital)}'s turn${whose}` : "";
   }
 
   function drawTurns() {
@@ -508,7 +657,11 @@ export async function render(root, [id], session) {
           { label: "Steps", value: (t) => count(t.steps) },
           { label: "Samples", value: (t) => count(t.samples) },
           { label: "Bytes up / down", value: bytesOf },
-          { label: "Validation", value: (t) => metricsText(t.metrics) },
+          {
+            label: "Train loss (mean over the turn)",
+            value: (t) => (typeof t.metrics?.train_loss === "number" ? fixed(t.metrics.train_loss) : "–"),
+          },
+          { label: "Validation", value: (t) => validationCell(t.metrics, baselines.get(t.hospital)) },
           { label: "Failure reason", value: (t) => t.failure_reason || "" },
         ],
         turns,
@@ -535,13 +688,57 @@ export async function render(root, [id], session) {
     if (added) for (const list of pointsByTurn.values()) list.sort((a, b) => a.step - b.step);
   }
 
+  async function loadBaselines() {
+    // A hospital admin sees their own hospital only: the others' turns show no metrics.
+    const hospitals =
+      (await apiAll("hospitals/").catch((error) => {
+        if (error instanceof CoordinatorUnreachable) throw error;
+        return []; // not theirs to read: the accuracies say the baseline is not known
+      })) || [];
+    baselinesLoaded = true;
+    for (const h of hospitals) {
+      const share = majorityShare(h.dataset_summary);
+      if (share !== null) baselines.set(h.slug, share);
+    }
+  }
+
+  function drawUpdated(error) {
+    if (!error) {
+      updatedAt = new Date();
+      updated.className = "muted";
+      updated.textContent = TERMINAL.has(status?.state)
+        ? `The job is ${status.state}: this page no longer changes.`
+        : `Updated ${clock(updatedAt)}; refreshes every ${POLL_SECONDS} s.`;
+      return;
+    }
+    updated.className = "stale";
+    const since = updatedAt ? `since ${clock(updatedAt)}` : "yet";
+    updated.textContent =
+      error instanceof CoordinatorUnreachable
+        ? `Frozen: not updated ${since}. The coordinator is not answering; retrying every ${POLL_SECONDS} s.`
+        : `Not updated ${since}: ${error.message}; retrying every ${POLL_SECONDS} s.`;
+  }
+
   async function refresh() {
-    const [newStatus, newTurns] = await Promise.all([
+    try {
+      await refreshOnce();
+    } catch (error) {
+      if (!stopped) drawUpdated(error);
+      throw error;
+    }
+    if (!stopped) drawUpdated(null);
+  }
+
+  async function refreshOnce() {
+    const [newStatus, newTurns, newSeries] = await Promise.all([
       api(`jobs/${jobId}/status/`),
       apiAll(`jobs/${jobId}/turns/`, { page_size: 500 }),
+      api(`jobs/${jobId}/loss-series/`),
       fetchMetrics(),
+      baselinesLoaded ? null : loadBaselines(),
     ]);
     if (stopped) return;
+    series = newSeries;
     if (newStatus.state !== job.state) {
       job = await api(`jobs/${jobId}/`);
       if (stopped) return;

@@ -4,7 +4,7 @@
 import { api, apiAll, ApiError } from "../api.js";
 import { poll } from "../app.js";
 import { ago, badge, el, latest, swap } from "../ui.js";
-import { hospitalTable } from "./hospitals.js";
+import { hospitalTable, loadActiveJobs, turnsNow } from "./hospitals.js";
 
 const POLL_SECONDS = 5;
 const VERIFY_SECONDS = 60; // the check re-hashes the whole chain: not every 5 s
@@ -59,18 +59,23 @@ export async function render(root) {
     updated,
   );
 
+  // The job rows and the hospitals table from one read: a hospital whose turn runs shows
+  // as in its turn in both (the turn's record, not the agent's last heartbeat).
   const refreshHospitals = latest(
-    () => apiAll("hospitals/"),
-    (hospitals) => {
+    () => Promise.all([apiAll("hospitals/"), loadActiveJobs()]),
+    ([hospitals, activeJobs]) => {
       swap(stats, ...statCards(hospitals), chainHidden ? null : chainCard);
+      swap(jobsBox, jobTable(activeJobs));
       swap(
         hospitalsBox,
-        hospitalTable(hospitals, { labelledBy: "overview-hospitals-title", withDataset: false }),
+        hospitalTable(hospitals, {
+          labelledBy: "overview-hospitals-title",
+          withDataset: false,
+          turns: turnsNow(activeJobs),
+        }),
       );
     },
   );
-
-  const refreshJobs = latest(loadActiveJobs, (jobs) => swap(jobsBox, jobTable(jobs)));
 
   const refreshAlerts = latest(
     async () => {
@@ -171,7 +176,6 @@ export async function render(root) {
   async function refreshAll() {
     const results = await Promise.allSettled([
       refreshHospitals(),
-      refreshJobs(),
       refreshAlerts(),
       refreshChain(),
       refreshWarnings(),
@@ -239,18 +243,6 @@ function warnings({ reports, queues }) {
   return cards;
 }
 
-async function loadActiveJobs() {
-  const [running, paused] = await Promise.all([
-    apiAll("jobs/", { state: "running" }),
-    apiAll("jobs/", { state: "paused" }),
-  ]);
-  const jobs = [...running, ...paused].sort((a, b) => b.id - a.id);
-  const statuses = await Promise.all(
-    jobs.map((job) => api(`jobs/${job.id}/status/`).catch(() => null)),
-  );
-  return jobs.map((job, i) => ({ job, status: statuses[i] }));
-}
-
 function statCards(hospitals) {
   const online = hospitals.filter((h) => h.online).length;
   const offline = hospitals.filter((h) => !h.online && h.status === "enrolled").length;
@@ -306,7 +298,8 @@ function jobTable(rows) {
                   {},
                   el("a", { href: `#/hospitals/${status.hospital}` }, names[status.hospital] || status.hospital),
                   " ",
-                  turn ? badge(turn.status) : null,
+                  // The same words as the hospitals table, from the same record.
+                  turn ? (turn.status === "running" ? badge("in its turn", "busy") : badge(turn.status)) : null,
                   turn && turn.attempt > 1 ? el("span", { class: "muted" }, ` attempt ${turn.attempt}`) : null,
                 )
               : el("span", { class: "muted" }, "–"),

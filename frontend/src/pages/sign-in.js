@@ -1,7 +1,7 @@
 // Sign in with a username and password (a session cookie; the API throttles attempts).
 
 import { api } from "../api.js";
-import { session } from "../app.js";
+import { signedIn } from "../app.js";
 import { el, field, showErrors } from "../ui.js";
 
 export async function render(root) {
@@ -24,10 +24,12 @@ export async function render(root) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     try {
-      session.me = await api("auth/sign-in/", {
-        method: "POST",
-        body: { username: username.value, password: password.value },
-      });
+      signedIn(
+        await api("auth/sign-in/", {
+          method: "POST",
+          body: { username: username.value, password: password.value },
+        }),
+      );
       window.location.hash = "#/";
     } catch (error) {
       showErrors(form, error);

@@ -224,6 +224,40 @@ class MetricPointSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class LossRoundSerializer(serializers.Serializer):
+    round = serializers.IntegerField(help_text="index of the round, from 0")
+    start = serializers.IntegerField(help_text="the job step at which it starts")
+
+
+class LossCurveSerializer(serializers.Serializer):
+    hospital = serializers.CharField()
+    points = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),
+        help_text="[job step, training loss] pairs in step order (thinned to at most a few "
+        "hundred)",
+    )
+
+
+class LossSeriesSerializer(serializers.Serializer):
+    """Documents ``GET /api/jobs/{id}/loss-series/`` (the view renders the selector's dict)."""
+
+    loss_from = serializers.ChoiceField(
+        choices=["server", "hospital"],
+        allow_null=True,
+        help_text="who computes the loss in the job's mode: the worker, or the hospital "
+        "(which reports it)",
+    )
+    total_steps = serializers.IntegerField(help_text="steps on the job's axis so far")
+    rounds = LossRoundSerializer(many=True)
+    turn_steps = serializers.DictField(
+        child=serializers.IntegerField(allow_null=True),
+        help_text="steps one turn of each hospital takes (its reported training split, batch "
+        "size, local epochs, drop_last, step limit); null before it reported split sizes, and "
+        "for a hospital admin, of the other hospitals",
+    )
+    series = LossCurveSerializer(many=True, help_text="one curve per hospital you see")
+
+
 class AssignmentTurnSerializer(serializers.ModelSerializer):
     round = serializers.IntegerField(source="round.index", read_only=True)
 

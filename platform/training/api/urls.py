@@ -17,6 +17,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/turns/", views.JobTurnsView.as_view(), name="job-turns"),
     path("jobs/<int:job_id>/metrics/", views.JobMetricsView.as_view(), name="job-metrics"),
     path(
+        "jobs/<int:job_id>/loss-series/", views.JobLossSeriesView.as_view(), name="job-loss-series"
+    ),
+    path(
         "jobs/<int:job_id>/schedule/",
         views.transition_view(JobState.SCHEDULED, "Schedule a draft job (consortium admins)"),
         name="job-schedule",
@@ -51,6 +54,11 @@ urlpatterns = [
         "agent/assignments/<int:job_id>/recipient-key/",
         key_views.AgentRecipientKeyView.as_view(),
         name="agent-recipient-key",
+    ),
+    path(
+        "agent/assignments/<int:job_id>/progress/",
+        views.AgentProgressView.as_view(),
+        name="agent-progress",
     ),
     path(
         "agent/assignments/<int:job_id>/problems/",

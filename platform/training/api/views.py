@@ -10,7 +10,7 @@ from datetime import datetime
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, status
+from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -31,6 +31,7 @@ from training.api.serializers import (
     HandoffSerializer,
     JobSerializer,
     JobStatusSerializer,
+    LossSeriesSerializer,
     MetricPointSerializer,
     ModeSerializer,
     OptimizersSerializer,
@@ -240,6 +241,19 @@ class JobMetricsView(_FakeViewMixin, generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
 
+@extend_schema(tags=["jobs"])
+class JobLossSeriesView(APIView):
+    @extend_schema(
+        summary="A job's training loss, one curve per hospital over the job's steps, with "
+        "where each round starts and the steps a turn of each hospital takes",
+        responses=LossSeriesSerializer,
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        job = selectors.job_get(actor=actor, job_id=job_id)
+        return Response(selectors.job_loss_series(actor=actor, job=job))
+
+
 def _metrics_params(request: Request) -> tuple[int | None, datetime | None]:
     problems: dict[str, list[str]] = {}
     turn_id = since = None
@@ -363,6 +377,12 @@ class HandoffInputSerializer(StrictSerializer):
     size_bytes = StrictIntegerField(min_value=1)
 
 
+class LossReportInputSerializer(StrictSerializer):
+    turn = StrictIntegerField(min_value=1)
+    step = StrictIntegerField(min_value=1, help_text="training steps of the turn done so far")
+    loss = serializers.FloatField(help_text="the hospital's training loss at that step")
+
+
 class ProblemInputSerializer(StrictSerializer):
     turn = StrictIntegerField(min_value=1)
     reason = StrictCharField(max_length=2000)
@@ -405,6 +425,27 @@ class AgentProblemView(APIView):
         data = _valid(ProblemInputSerializer, request)
         turn = agent_services.agent_problem_report(
             actor=actor, job_id=job_id, turn_id=data["turn"], reason=data["reason"]
+        )
+        return Response(TurnSerializer(turn, context={"actor": actor}).data)
+
+
+@extend_schema(tags=["agent"])
+class AgentProgressView(APIView):
+    @extend_schema(
+        summary="The agent's training loss at a step of its running turn, in a mode whose "
+        "loss is computed at the hospital (U-shaped); one number, about once a second",
+        request=LossReportInputSerializer,
+        responses={
+            200: TurnSerializer,
+            409: error("the job's server computes the loss, or the turn is not running"),
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "report a training loss")
+        data = _valid(LossReportInputSerializer, request)
+        turn = agent_services.agent_loss_report(
+            actor=actor, job_id=job_id, turn_id=data["turn"], step=data["step"], loss=data["loss"]
         )
         return Response(TurnSerializer(turn, context={"actor": actor}).data)
 

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from hospitals.models import AgentToken, EnrolmentCode, Hospital, RedisCredential
+from hospitals.relay_acl import relay_username
 from kernel.actors import Role
 from tests.platform_apps.conftest import make_person
 from tests.platform_apps.hospitals.helpers import (
@@ -399,7 +400,7 @@ def test_an_agent_enrols_once_and_gets_its_token_and_relay_user(
     relay = body["relay"]
     assert relay == {
         "url": settings.MEDSPLIT["REDIS_URL"],
-        "username": "hospital-lakeside",
+        "username": f"{settings.MEDSPLIT['RELAY_PREFIX']}-hospital-lakeside",
         "password": relay["password"],
         "key_pattern": f"{settings.MEDSPLIT['RELAY_PREFIX']}:hospital:lakeside:*",
     }
@@ -466,7 +467,7 @@ def test_enrolment_calls_the_relay_hook_with_the_users_rights(approved_hospital,
         (
             "provision",
             {
-                "username": "hospital-lakeside",
+                "username": relay_username("lakeside"),
                 "password_sha256": hashlib.sha256(password.encode()).hexdigest(),
                 "slug": "lakeside",
             },
@@ -655,7 +656,7 @@ def test_revocation_removes_the_relay_user_through_the_hook(approved_hospital, r
     client = APIClient()
     client.force_login(admin)
     assert client.post("/api/hospitals/lakeside/tokens/revoke/").json()["relay_user_revoked"]
-    assert recorder.calls == [("revoke", {"username": "hospital-lakeside"})]
+    assert recorder.calls == [("revoke", {"username": relay_username("lakeside")})]
     assert RedisCredential.objects.get().revoked_at is not None
 
 

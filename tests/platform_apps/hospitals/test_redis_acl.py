@@ -29,6 +29,7 @@ from hospitals.relay_acl import (
     RedisAclUsers,
     agent_acl_rules,
     get_provisioner,
+    legacy_relay_username,
     relay_keys,
     relay_username,
 )
@@ -128,7 +129,7 @@ def _denied(call: Callable[[], object]) -> None:
 
 def test_the_rules_are_exactly_these() -> None:
     digest = "ab" * 32
-    rules = agent_acl_rules(username="hospital-st-marys", password_sha256=digest)
+    rules = agent_acl_rules(username=relay_username("st-marys"), password_sha256=digest)
     p = settings.MEDSPLIT["RELAY_PREFIX"]
     assert rules == [
         "reset",
@@ -148,16 +149,27 @@ def test_the_rules_are_exactly_these() -> None:
     ]
 
 
+def test_a_user_named_before_names_carried_the_prefix_keeps_the_same_rules() -> None:
+    """Hospitals enrolled before: their agents log in as ``hospital-<slug>``."""
+    digest = "ab" * 32
+    legacy = agent_acl_rules(username=legacy_relay_username("st-marys"), password_sha256=digest)
+    assert legacy == agent_acl_rules(username=relay_username("st-marys"), password_sha256=digest)
+
+
 @pytest.mark.parametrize(
     ("username", "digest"),
     [
         ("default", "ab" * 32),
-        ("hospital-x", "not-a-digest"),
-        ("hospital-x +@all", "ab" * 32),
-        ("hospital-X", "ab" * 32),
+        ("{p}-hospital-x", "not-a-digest"),
+        ("{p}-hospital-x +@all", "ab" * 32),
+        ("{p}-hospital-X", "ab" * 32),
+        ("other-hospital-x", "ab" * 32),  # another deployment's
     ],
 )
-def test_nothing_but_a_hospital_user_and_a_digest_gets_through(username: str, digest: str) -> None:
+def test_nothing_but_a_hospital_user_and_a_digest_gets_through(
+    username: str, digest: str, settings
+) -> None:
+    username = username.format(p=settings.MEDSPLIT["RELAY_PREFIX"])
     with pytest.raises(ValueError):
         agent_acl_rules(username=username, password_sha256=digest)
 
@@ -238,7 +250,16 @@ def test_celery_keys_and_other_commands_are_refused(agents) -> None:
     a = agents("a")
     conn = a.connect()
     try:
-        for key in ("celery", "_kombu.binding.celery", "unacked", "celery-task-meta-1"):
+        celery = relay_keys().celery_prefix()  # kombu's global_keyprefix
+        for key in (
+            "celery",
+            "_kombu.binding.celery",
+            "unacked",
+            "celery-task-meta-1",
+            f"{celery}celery",
+            f"{celery}_kombu.binding.celery",
+            f"{celery}unacked",
+        ):
             _denied(lambda k=key: conn.get(k))
             _denied(lambda k=key: conn.set(k, b"x"))
         _denied(lambda: conn.lpush("celery", b"task"))  # not even with a pattern it had
@@ -311,7 +332,7 @@ def test_the_workers_user_reaches_streams_hand_offs_and_celery_but_not_admin(
     keys = [
         relay_keys().streams("job-1", prefix).up,
         relay_keys().mail("job-1", sender=prefix, recipient="x"),
-        f"celery-{prefix}",
+        f"{relay_keys().celery_prefix()}celery-{prefix}",  # kombu's global_keyprefix
     ]
     try:
         conn.xadd(keys[0], {"frame": b"x"})
@@ -319,6 +340,9 @@ def test_the_workers_user_reaches_streams_hand_offs_and_celery_but_not_admin(
         conn.lpush(keys[2], b"task")
         assert conn.xlen(keys[0]) == 1 and conn.get(keys[1]) == b"y"
         _denied(lambda: conn.get(f"other-{prefix}"))
+        # Celery's keys without the deployment's prefix are another deployment's.
+        _denied(lambda: conn.lpush(f"celery-{prefix}", b"task"))
+        _denied(lambda: conn.get(f"_kombu.binding.celery-{prefix}"))
         for command in (("FLUSHDB",), ("CONFIG", "GET", "*"), ("ACL", "LIST"), ("KEYS", "*")):
             _denied(lambda c=command: conn.execute_command(*c))
     finally:
@@ -330,7 +354,9 @@ def test_the_workers_user_reaches_streams_hand_offs_and_celery_but_not_admin(
 def test_an_unreachable_relay_is_a_relay_error_naming_host_and_port_only() -> None:
     provisioner = RedisAclUsers("redis://someone:s3cret-pw@127.0.0.1:1/0", timeout_s=1)
     with pytest.raises(RelayProvisioningFailed) as caught:
-        provisioner.provision(username="hospital-test-x", password_sha256="ab" * 32, slug="test-x")
+        provisioner.provision(
+            username=relay_username("test-x"), password_sha256="ab" * 32, slug="test-x"
+        )
     assert "127.0.0.1:1" in caught.value.message
     assert "s3cret-pw" not in caught.value.message
     with pytest.raises(RelayProvisioningFailed):
@@ -343,10 +369,10 @@ def test_an_admin_without_acl_rights_is_a_relay_error(admin: redis.Redis, agents
     url = f"redis://{a.username}:{a.password}@{where['host']}:{where['port']}/0"
     with pytest.raises(RelayProvisioningFailed) as caught:
         RedisAclUsers(url).provision(
-            username="hospital-test-y", password_sha256="ab" * 32, slug="test-y"
+            username=relay_username("test-y"), password_sha256="ab" * 32, slug="test-y"
         )
     assert a.password not in caught.value.message
-    assert admin.execute_command("ACL", "GETUSER", "hospital-test-y") is None
+    assert admin.execute_command("ACL", "GETUSER", relay_username("test-y")) is None
 
 
 @pytest.mark.django_db

@@ -19,8 +19,8 @@ from tests.platform_apps.hospitals.provisioners import RecordingProvisioner
 
 
 def test_names_and_patterns(settings) -> None:
-    assert relay_username("st-marys") == "hospital-st-marys"
     prefix = settings.MEDSPLIT["RELAY_PREFIX"]
+    assert relay_username("st-marys") == f"{prefix}-hospital-st-marys"
     assert relay_key_pattern("st-marys") == f"{prefix}:hospital:st-marys:*"
 
 

@@ -20,7 +20,13 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from hospitals.models import RedisCredential
-from hospitals.relay_acl import RedisAclUsers, relay_key_pattern, relay_keys, relay_username
+from hospitals.relay_acl import (
+    RedisAclUsers,
+    relay_key_pattern,
+    relay_keys,
+    relay_username,
+    workers_username,
+)
 from tests.platform_apps.conftest import make_hospital
 from tests.workers.processes import RedisServer
 
@@ -69,7 +75,8 @@ def test_users_survive_a_restart_of_a_relay_that_keeps_them_in_an_acl_file(
     provisioner = RedisAclUsers(server.url)
     north = _hospital(provisioner, "north")
     _hospital(provisioner, "south")
-    provisioner.provision_workers(username="medsplit-workers", password_sha256=_sha(PASSWORD))
+    workers = workers_username()
+    provisioner.provision_workers(username=workers, password_sha256=_sha(PASSWORD))
 
     server.kill()  # no shutdown hook: only what ACL SAVE wrote is there
     server.start()
@@ -77,7 +84,7 @@ def test_users_survive_a_restart_of_a_relay_that_keeps_them_in_an_acl_file(
     agent = _as(server, north)
     agent.xadd(_up("north", "job-1"), {"frame": b"x"})
     _denied(lambda: agent.xadd(_up("south", "job-1"), {"frame": b"x"}))
-    assert _as(server, "medsplit-workers").llen("celery") == 0
+    assert _as(server, workers).llen(f"{relay_keys().celery_prefix()}celery") == 0
 
     provisioner.revoke(username=north)
     server.kill()
@@ -166,17 +173,18 @@ def test_relay_users_restore_applies_every_live_user_from_the_database(
         with override_settings(MEDSPLIT=medsplit):
             out = io.StringIO()
             call_command("relay_users_restore", stdout=out)
-            assert out.getvalue().strip() == "2 relay users applied: hospital-north, hospital-south"
+            users = [relay_username("north"), relay_username("south")]
+            assert out.getvalue().strip() == f"2 relay users applied: {', '.join(users)}"
             north = _as(server, relay_username("north"))
             north.xadd(_up("north", "job-1"), {"frame": b"x"})
             _denied(lambda: north.xadd(_up("south", "job-1"), {"frame": b"x"}))
             with pytest.raises(redis.exceptions.AuthenticationError):
                 _as(server, relay_username("west")).ping()
             event = AuditEvent.objects.get(action="relay.users_restored")
-            assert event.details == {"users": ["hospital-north", "hospital-south"]}
+            assert event.details == {"users": users}
 
             server.stop()
-            with pytest.raises(CommandError, match="could not create relay user hospital-north"):
+            with pytest.raises(CommandError, match=f"could not create relay user {users[0]}"):
                 call_command("relay_users_restore", stdout=io.StringIO())
     finally:
         server.stop()

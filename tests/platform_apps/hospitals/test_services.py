@@ -8,6 +8,7 @@ from audit.models import AuditEvent
 from hospitals import services
 from hospitals.errors import EnrolmentCodeUsed, RelayProvisioningFailed
 from hospitals.models import AgentToken, EnrolmentCode, Hospital
+from hospitals.relay_acl import relay_username
 from kernel.actors import Actor
 from kernel.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor
@@ -90,7 +91,7 @@ def test_an_enrolment_after_suspension_restores_the_hospital(admin_actor, hospit
     code = services.enrolment_code_issue(actor=admin_actor, hospital=hospital_a)
     enrolment = services.agent_enrol(code=code.plaintext, identity_key=new_identity_key())
     assert enrolment.hospital.status == "enrolled"
-    assert enrolment.relay.username == "hospital-st-marys"
+    assert enrolment.relay.username == relay_username("st-marys")
 
 
 def test_an_enrolment_code_is_single_use(approved_hospital) -> None:

@@ -34,15 +34,18 @@ def token(settings) -> str:
 
 @pytest.fixture
 def broker(settings, redis_url: str):
-    """The real Redis as the broker, with a queue name of this test's own."""
+    """The real Redis as the broker, with a queue name of this test's own; its lists are
+    under kombu's global_keyprefix (the deployment's), as Celery's are."""
     queue = f"celery.metrics-test-{uuid.uuid4().hex[:8]}"
     settings.CELERY_BROKER_URL = redis_url
     settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]
     client = redis.Redis.from_url(redis_url)
     try:
-        yield client, queue
+        yield client, queue, prefix
     finally:
-        for key in client.scan_iter(match=f"{queue}*"):
+        client.delete(queue)
+        for key in client.scan_iter(match=f"{prefix}{queue}*"):
             client.delete(key)
         client.close()
 
@@ -255,24 +258,25 @@ def test_a_scrape_is_a_few_aggregate_queries(
 
 @pytest.mark.django_db
 def test_the_queue_length_is_the_brokers(token: str, broker) -> None:
-    client, queue = broker
-    client.rpush(queue, "task-1", "task-2", "task-3")
-    client.rpush(f"{queue}\x06\x169", "urgent")  # kombu's list for priority step 9
+    client, queue, prefix = broker
+    client.rpush(prefix + queue, "task-1", "task-2", "task-3")
+    client.rpush(f"{prefix}{queue}\x06\x169", "urgent")  # kombu's list for priority step 9
+    client.rpush(queue, "not-this-deployments")  # the same queue name without the prefix
     samples = scrape(scraper(token))
     assert value(samples, "medsplit_celery_queue_length", queue=queue) == 4
-    client.lpop(queue)
+    client.lpop(prefix + queue)
     assert value(scrape(scraper(token)), "medsplit_celery_queue_length", queue=queue) == 3
 
 
 @pytest.mark.django_db
 def test_every_routed_queue_is_measured(token: str, broker, settings) -> None:
-    client, queue = broker
+    client, queue, prefix = broker
     turns = f"{queue}-turns"
     settings.CELERY_TASK_ROUTES = {
         "medsplit.run_turn": {"queue": turns},
         "medsplit.sweep": {"queue": queue},  # the default one again: reported once
     }
-    client.rpush(turns, "turn-1", "turn-2")
+    client.rpush(prefix + turns, "turn-1", "turn-2")
     samples = scrape(scraper(token))
     assert value(samples, "medsplit_celery_queue_length", queue=queue) == 0
     assert value(samples, "medsplit_celery_queue_length", queue=turns) == 2

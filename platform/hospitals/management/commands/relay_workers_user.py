@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.services import audit_record
 from hospitals.errors import RelayProvisioningFailed
-from hospitals.relay_acl import RedisAclUsers, worker_key_patterns
+from hospitals.relay_acl import RedisAclUsers, worker_key_patterns, workers_username
 from kernel.actors import Actor
 from medsplit.passwords import WeakPasswordError, check_password
 
@@ -28,7 +28,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--username", default="medsplit-workers")
+        parser.add_argument("--username", help="default: <relay prefix>-workers")
         parser.add_argument(
             "--password-env",
             metavar="NAME",
@@ -36,7 +36,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        username = options["username"]
+        username = options["username"] or workers_username()
         if options["password_env"]:
             password = os.environ.get(options["password_env"], "")
             try:
