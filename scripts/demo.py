@@ -331,12 +331,12 @@ def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[floa
     import torch
 
     from hospital_agent.data import LocalData, prepare
-    from medsplit.data import Split
+    from medsplit.data import DataSplit
     from medsplit.protocol.handoff import import_parties
     from medsplit.training.evaluate import score
     from medsplit.training.setup import client_parties, server_party
-    from medsplit.turns.checkpoints import read_verified
     from medsplit.turns.server import SERVER_PARTY
+    from medsplit.turns.stores import read_verified
     from training.runs import checkpoint_dir
     from workers.turn_runner import job_model
 
@@ -351,7 +351,7 @@ def test_metrics(job, final: Path, archive: dict[str, np.ndarray]) -> tuple[floa
     images = torch.from_numpy(archive["test_images"]).float().unsqueeze(1) / 255
     labels = torch.from_numpy(archive["test_labels"].reshape(-1)).long()
     test = prepare(
-        LocalData(Split(images, labels), Split(images[:1], labels[:1])),
+        LocalData(DataSplit(images, labels), DataSplit(images[:1], labels[:1])),
         input_shape=model.input_shape,
         num_classes=model.num_classes,
     ).train
