@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 from report import table, today
 
-from medsplit.data import Split, label_counts, load_medmnist
+from medsplit.data import DataSplit, label_counts, load_medmnist
 from medsplit.models import build_model, get_model_spec
 from medsplit.modes import get_mode
 from medsplit.protocol.optim import OptimizerConfig
@@ -113,14 +113,14 @@ def say(message: str) -> None:
     print(f"bench_accuracy | {message}", file=sys.stderr, flush=True)
 
 
-def scores_on(segments: Sequence[torch.nn.Module], data: Split) -> dict[str, float]:
+def scores_on(segments: Sequence[torch.nn.Module], data: DataSplit) -> dict[str, float]:
     """Accuracy and AUC of the segments, run one after another over the test split."""
     metrics = score(segments, data)
     return {"accuracy": metrics["val_accuracy"], "auc": metrics["val_auc"]}
 
 
 def train_centralized(
-    model: torch.nn.Module, train: Split, settings: Settings, seed: int
+    model: torch.nn.Module, train: DataSplit, settings: Settings, seed: int
 ) -> tuple[torch.nn.Module, int]:
     """The model trained whole over all the data, shuffled by one seeded DataLoader."""
     whole = copy.deepcopy(model)

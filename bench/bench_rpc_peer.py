@@ -253,7 +253,7 @@ def role_rpc_server(args: argparse.Namespace) -> int:
     from medsplit.protocol.optim import build_optimizer
 
     split, _, _ = job_parts(args)
-    back = copy.deepcopy(split.back)
+    back = copy.deepcopy(split.tail)
     params = list(back.parameters())
     _SERVER.update(
         back=back,

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     split = split_model(model, x[:2], args.cut)
     front = Party.create(split.front, config)
-    back = Party.create(split.back, config)
+    back = Party.create(split.tail, config)
     vanilla = get_mode("vanilla")
     client = vanilla.client_role({"front": front}, split)
     server = vanilla.server_role(back, split, job="bench")

@@ -149,7 +149,7 @@ def load_data(case: Case, folder: Path) -> tuple[Any, Any, str]:
     """Train and val splits for the case's input shape, and where they came from."""
     import torch
 
-    from medsplit.data import Split, load_medmnist, synthetic_split
+    from medsplit.data import DataSplit, load_medmnist, synthetic_split
 
     path = folder / DATA_FILES.get(case.data, "-")
     if case.data in DATA_FILES and path.is_file():
@@ -165,11 +165,11 @@ def load_data(case: Case, folder: Path) -> tuple[Any, Any, str]:
         if train.images.shape[1] != case.shape[0]:
             raise SystemExit(f"{case}: the data has {train.images.shape[1]} channels")
 
-        def fit(split: Split) -> Split:
+        def fit(split: DataSplit) -> DataSplit:
             images = torch.nn.functional.interpolate(
                 split.images, size=case.shape[1:], mode="bilinear", align_corners=False
             )
-            return Split(images.clamp(0, 1).contiguous(), split.labels)
+            return DataSplit(images.clamp(0, 1).contiguous(), split.labels)
 
         train, val = fit(train), fit(val)
         source += f", resized to {'x'.join(map(str, case.shape[1:]))}"

@@ -43,8 +43,8 @@ from medsplit.protocol.handoff import import_parties
 from medsplit.training.reference import train_unsplit
 from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
-from medsplit.turns.checkpoints import read_verified
 from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.stores import read_verified
 from tests.conftest import _fresh_cache, _relay_prefix_of_this_session
 from tests.workers.agents import (
     Agents,

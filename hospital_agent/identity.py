@@ -28,7 +28,7 @@ from medsplit.protocol.keys import (
     identity_key_from_bytes,
     identity_key_to_bytes,
 )
-from medsplit.turns.checkpoints import write_atomic
+from medsplit.turns.stores import write_atomic
 
 IDENTITY_FILE = "identity.key"
 LEGACY_KEY_FILE = "agent.key"

@@ -6,13 +6,12 @@ import re
 from pathlib import Path
 
 from hospital_agent.identity import write_private
-from medsplit.turns.checkpoints import CheckpointError
-from medsplit.turns.snapshots import SnapshotStore
+from medsplit.turns.stores import StateStore, StoreError
 
 _NAME = re.compile(r"before-(\d{8})\.safetensors")
 
 
-class FileSnapshots(SnapshotStore):
+class FileSnapshots(StateStore):
     """One file per snapshot in ``folder`` (mode 0600): step 0 and the last ``keep``."""
 
     def __init__(self, folder: Path, *, keep: int = 2) -> None:
@@ -32,7 +31,7 @@ class FileSnapshots(SnapshotStore):
         try:
             return self._path(step).read_bytes()
         except OSError as e:
-            raise CheckpointError(f"no snapshot before step {step} in {self.folder}: {e}") from e
+            raise StoreError(f"no snapshot before step {step} in {self.folder}: {e}") from e
 
     def save(self, step: int, data: bytes) -> None:
         write_private(self._path(step), data)

@@ -171,7 +171,7 @@ def load_data(data: str | None) -> Dataset:
         DemoError: the archive is missing, damaged or not MedMNIST's (the message is
             :func:`medsplit.data.load_medmnist`'s).
     """
-    from medsplit.data import Split, load_medmnist, synthetic_split
+    from medsplit.data import DataSplit, load_medmnist, synthetic_split
     from medsplit.errors import DataError
 
     if data:
@@ -183,8 +183,8 @@ def load_data(data: str | None) -> Dataset:
     made = synthetic_split(1200, shape=(1, 28, 28), seed=7)
     images = (made.images.clamp(0, 1) * 255).round() / 255
 
-    def part(a: int, b: int) -> Split:
-        return Split(images[a:b].contiguous(), made.labels[a:b].contiguous())
+    def part(a: int, b: int) -> DataSplit:
+        return DataSplit(images[a:b].contiguous(), made.labels[a:b].contiguous())
 
     return Dataset(
         part(0, 900),
@@ -574,12 +574,12 @@ def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
     """Accuracy and AUC of the trained model on the test split (the demo holds every
     party's weights on this one machine; a real consortium never does)."""
     from hospital_agent.data import LocalData, prepare
-    from medsplit.data import Split
+    from medsplit.data import DataSplit
     from medsplit.protocol.handoff import import_parties
     from medsplit.training.evaluate import score
     from medsplit.training.setup import client_parties, server_party
-    from medsplit.turns.checkpoints import read_verified
     from medsplit.turns.server import SERVER_PARTY
+    from medsplit.turns.stores import read_verified
     from training.runs import checkpoint_dir
     from workers.turn_runner import job_model
 
@@ -593,7 +593,7 @@ def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
     import_parties(final.read_bytes(), clients)
     images, labels = dataset.test.images, dataset.test.labels
     test = prepare(
-        LocalData(Split(images, labels), Split(images[:1], labels[:1])),
+        LocalData(DataSplit(images, labels), DataSplit(images[:1], labels[:1])),
         input_shape=model.input_shape,
         num_classes=model.num_classes,
     ).train

@@ -20,7 +20,7 @@ from django.db import DatabaseError, InterfaceError
 
 from medsplit.errors import ChannelError, ChannelTimeout, RelayAbuse
 from medsplit.turns import RelayOverused
-from medsplit.turns.checkpoints import CheckpointError
+from medsplit.turns.stores import StoreError
 
 #: Seconds before the first retry of an infrastructure failure; doubled each time.
 FIRST_BACKOFF = 2.0
@@ -42,7 +42,7 @@ def classify(error: BaseException) -> FailureKind:
         return FailureKind.INFRASTRUCTURE
     if isinstance(error, ChannelError):
         return FailureKind.INFRASTRUCTURE  # the relay's connection, not what was sent
-    if isinstance(error, CheckpointError) and isinstance(error.__cause__, OSError):
+    if isinstance(error, StoreError) and isinstance(error.__cause__, OSError):
         return FailureKind.INFRASTRUCTURE  # the storage, not a changed file
     if isinstance(error, OSError) and not isinstance(error, ChannelError):
         return FailureKind.INFRASTRUCTURE

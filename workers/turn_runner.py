@@ -36,14 +36,9 @@ from medsplit.turns import (
     TurnProgress,
     TurnServer,
 )
-from medsplit.turns.checkpoints import (
-    BASE,
-    CheckpointError,
-    CheckpointStore,
-    read_verified,
-    write_atomic,
-)
+from medsplit.turns.checkpoints import BASE
 from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.stores import StateStore, StoreError, read_verified, write_atomic
 from training.models import Job, Turn
 from training.plan import turn_start
 from training.runs import (
@@ -327,7 +322,7 @@ class RunnerHooks:
             logger.info("turn %s: progress not recorded: %s", self.turn.pk, e)
 
 
-class DatabaseCheckpointStore(CheckpointStore):
+class DatabaseCheckpointStore(StateStore):
     """Checkpoints of one turn's place as files under ``MEDSPLIT["CHECKPOINT_DIR"]``, each
     with its database row; ``-1`` is where the turn's server segment starts, as the job's
     mode says (:func:`training.plan.turn_start`): where the job's last completed turn left
@@ -373,7 +368,7 @@ class DatabaseCheckpointStore(CheckpointStore):
             pairs = zip(start.sources, ends, strict=True)
             missing = [t.hospital.slug for t, row in pairs if row is None]
             if missing:
-                raise CheckpointError(
+                raise StoreError(
                     f"the server checkpoints this turn starts from (the ends of the turns of "
                     f"{', '.join(missing)}) are gone; the turn cannot start"
                 )

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from hospital_agent.data.sources import DataSource, read_source
-from medsplit.data import Split, label_counts
+from medsplit.data import DataSplit, label_counts
 from medsplit.errors import ConfigError
 
 DEFAULT_VAL_FRACTION = 0.2
@@ -24,8 +24,8 @@ DEFAULT_VAL_FRACTION = 0.2
 class LocalData:
     """The hospital's pool, split into what it trains on and what it validates on."""
 
-    train: Split
-    val: Split
+    train: DataSplit
+    val: DataSplit
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class DataSummary:
 
 
 def split_local(
-    split: Split, *, val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0
+    split: DataSplit, *, val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0
 ) -> LocalData:
     """Split the pool into train and validation, stratified by label, deterministically.
 
@@ -77,8 +77,8 @@ def split_local(
             in_val[chosen] = True
     train, val = (~in_val).nonzero().flatten(), in_val.nonzero().flatten()
     return LocalData(
-        train=Split(split.images[train], split.labels[train]),
-        val=Split(split.images[val], split.labels[val]),
+        train=DataSplit(split.images[train], split.labels[train]),
+        val=DataSplit(split.images[val], split.labels[val]),
     )
 
 
@@ -91,7 +91,7 @@ def summary(data: LocalData, *, image_shape: Sequence[int] | None = None) -> Dat
         image_shape: one image's shape as loaded; defaults to the train images' shape.
     """
     shape = list(image_shape) if image_shape is not None else list(data.train.images.shape[1:])
-    pool = Split(
+    pool = DataSplit(
         torch.cat([data.train.images, data.val.images]),
         torch.cat([data.train.labels, data.val.labels]),
     )

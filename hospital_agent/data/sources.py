@@ -23,7 +23,7 @@ from monai.data import ImageReader, NibabelReader, PILReader, PydicomReader
 from monai.transforms import LoadImage, Resize, ScaleIntensity
 
 from hospital_agent.data.problems import DataProblem, Problems
-from medsplit.data import Split, load_medmnist, synthetic_split
+from medsplit.data import DataSplit, load_medmnist, synthetic_split
 from medsplit.errors import ConfigError, DataError
 
 KINDS = ("medmnist", "folder", "synthetic")
@@ -86,7 +86,7 @@ class Loaded:
     """A source as read: the pool, and one image's shape before any resizing (the most
     common shape when a folder's images differ)."""
 
-    split: Split
+    split: DataSplit
     image_shape: tuple[int, ...]
 
 
@@ -95,7 +95,7 @@ def load_source(
     *,
     input_shape: tuple[int, ...] | None = None,
     num_classes: int | None = None,
-) -> Split:
+) -> DataSplit:
     """Read the hospital's whole training pool.
 
     Args:
@@ -367,7 +367,7 @@ def _read_folder(
         images = [torch.as_tensor(resize(im)) for im in images]
     scale = ScaleIntensity(minv=0.0, maxv=1.0)
     stacked = torch.stack([torch.as_tensor(scale(im)).to(torch.float32) for im in images])
-    split = Split(images=stacked.contiguous(), labels=torch.tensor(labels, dtype=torch.int64))
+    split = DataSplit(images=stacked.contiguous(), labels=torch.tensor(labels, dtype=torch.int64))
     return Loaded(split, shape)
 
 

@@ -18,7 +18,7 @@ from monai.transforms import Compose, RandFlip, RandRotate, Resize, ScaleIntensi
 from hospital_agent.data.local import LocalData
 from hospital_agent.data.problems import DataProblem
 from hospital_agent.data.sources import check_job
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.errors import ConfigError
 
 MAX_ROTATE_DEGREES = 30.0  # "small" rotations only
@@ -106,7 +106,7 @@ def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) 
     )
 
 
-def augment(split: Split, config: AugmentConfig, *, epoch: int) -> Split:
+def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit:
     """The training images of one epoch, augmented; ``split`` itself when augmentation
     is off. Call it on the prepared train part only, once per epoch.
 
@@ -137,14 +137,14 @@ def augment(split: Split, config: AugmentConfig, *, epoch: int) -> Split:
     return _apply(split, transform)
 
 
-def _apply(split: Split, transform: Compose, *, empty_shape: tuple[int, ...] = ()) -> Split:
+def _apply(split: DataSplit, transform: Compose, *, empty_shape: tuple[int, ...] = ()) -> DataSplit:
     if len(split) == 0:
         shape = empty_shape or tuple(split.images.shape[1:])
-        return Split(torch.empty((0, *shape), dtype=torch.float32), split.labels.clone())
+        return DataSplit(torch.empty((0, *shape), dtype=torch.float32), split.labels.clone())
     images = torch.stack(
         [torch.as_tensor(transform(image)).to(torch.float32) for image in split.images]
     )
-    return Split(images=images.clamp_(0.0, 1.0).contiguous(), labels=split.labels.clone())
+    return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=split.labels.clone())
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:

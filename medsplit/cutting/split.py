@@ -14,7 +14,9 @@ from medsplit.cutting.profile import as_example_inputs, profile_graph
 from medsplit.cutting.trace import trace
 from medsplit.errors import CutError
 
-SEGMENT_NAMES = {2: ("front", "back"), 3: ("front", "middle", "head")}
+#: What the segments are called, by their number: the names say where a segment sits in
+#: the model, not who runs it (that is the mode's ``segments()``).
+SEGMENT_NAMES = {2: ("front", "tail"), 3: ("front", "middle", "head")}
 
 
 @dataclass(frozen=True)
@@ -24,10 +26,10 @@ class SplitModel:
     Every segment but the first takes the tensors crossing its cut as keyword
     arguments; every segment but the last returns them as a ``dict``. Parameter and
     buffer names are those of the original model, so ``{**front.state_dict(),
-    **back.state_dict()}`` loads into the original and back.
+    **tail.state_dict()}`` loads into the original and back.
 
     Attributes:
-        segments: ``(front, back)`` for one cut, ``(front, middle, head)`` for two.
+        segments: ``(front, tail)`` for one cut, ``(front, middle, head)`` for two.
         cuts: the submodule names cut after, in order.
         boundaries: for each cut, the crossing tensors described per sample.
     """
@@ -41,8 +43,9 @@ class SplitModel:
         return self.segments[0]
 
     @property
-    def back(self) -> fx.GraphModule:
-        """The last segment (the server's with one cut; with two, the one after the second)."""
+    def tail(self) -> fx.GraphModule:
+        """The last segment, the one that ends in the model's output: the server's with
+        one cut (vanilla), the hospital's head with two (U-shaped)."""
         return self.segments[-1]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,11 @@
 
 from medsplit.data.batches import batch_order, iter_batches
 from medsplit.data.medmnist import load_medmnist
-from medsplit.data.shards import Split, label_counts, shard
+from medsplit.data.shards import DataSplit, label_counts, shard
 from medsplit.data.synthetic import synthetic_split
 
 __all__ = [
-    "Split",
+    "DataSplit",
     "batch_order",
     "iter_batches",
     "label_counts",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from medsplit.data.shards import Split
+from medsplit.data.shards import DataSplit
 from medsplit.errors import ConfigError
 
 
@@ -56,7 +56,7 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def iter_batches(
-    split: Split, *, batch_size: int, seed: int, epoch: int, drop_last: bool = False
+    split: DataSplit, *, batch_size: int, seed: int, epoch: int, drop_last: bool = False
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(images, labels)`` batches of ``split`` in :func:`batch_order`'s order.
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from medsplit.data.shards import Split
+from medsplit.data.shards import DataSplit
 from medsplit.errors import DataError
 
 SPLITS = ("train", "val", "test")
@@ -23,7 +23,7 @@ _ZIP_MAGIC = b"PK\x03\x04"  # an .npz is a zip archive
 _NPY_MAGIC = b"\x93NUMPY"  # np.load also reads a single .npy array
 
 
-def load_medmnist(path: str | os.PathLike[str], split: str = "train") -> Split:
+def load_medmnist(path: str | os.PathLike[str], split: str = "train") -> DataSplit:
     """Read ``split`` of the MedMNIST archive at ``path``.
 
     Args:
@@ -31,7 +31,7 @@ def load_medmnist(path: str | os.PathLike[str], split: str = "train") -> Split:
         split: ``"train"``, ``"val"`` or ``"test"``.
 
     Returns:
-        A :class:`Split`: images float32 ``(N, C, H, W)`` scaled from 0..255 to [0, 1]
+        A :class:`DataSplit`: images float32 ``(N, C, H, W)`` scaled from 0..255 to [0, 1]
         (a channel axis is added to grey images, colour images are moved to channels
         first), labels int64 ``(N,)``.
 
@@ -65,7 +65,7 @@ def load_medmnist(path: str | os.PathLike[str], split: str = "train") -> Split:
     with archive:
         images = _read(archive, name, f"{split}_images")
         labels = _read(archive, name, f"{split}_labels")
-    return Split(
+    return DataSplit(
         images=_images_to_tensor(images, name, split),
         labels=_labels_to_tensor(labels, name, split, expected=len(images)),
     )

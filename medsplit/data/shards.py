@@ -10,8 +10,9 @@ from medsplit.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
-class Split:
-    """Images and their labels, ready for training.
+class DataSplit:
+    """Images and their labels, ready for training: a data split (train, validation, a
+    hospital's shard), not to be confused with a cut model (`SplitModel`).
 
     Attributes:
         images: float32, ``(N, C, H, W)`` (or ``(N, C, D, H, W)`` for volumes), values
@@ -51,7 +52,7 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
-def shard(split: Split, parts: int, *, seed: int = 0) -> list[Split]:
+def shard(split: DataSplit, parts: int, *, seed: int = 0) -> list[DataSplit]:
     """Shuffle ``split`` deterministically and deal it into ``parts`` contiguous shares.
 
     Share sizes differ by at most one (the first ``len(split) % parts`` shares get the
@@ -78,10 +79,10 @@ def shard(split: Split, parts: int, *, seed: int = 0) -> list[Split]:
     order = torch.randperm(len(split), generator=generator)
     base, extra = divmod(len(split), parts)
     sizes = [base + 1 if i < extra else base for i in range(parts)]
-    return [Split(split.images[idx], split.labels[idx]) for idx in order.split(sizes)]
+    return [DataSplit(split.images[idx], split.labels[idx]) for idx in order.split(sizes)]
 
 
-def label_counts(split: Split) -> dict[int, int]:
+def label_counts(split: DataSplit) -> dict[int, int]:
     """How many items carry each label, for the labels present, in ascending order."""
     values, counts = torch.unique(split.labels, sorted=True, return_counts=True)
     return {int(v): int(c) for v, c in zip(values.tolist(), counts.tolist(), strict=True)}

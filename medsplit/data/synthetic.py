@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from medsplit.data.shards import Split
+from medsplit.data.shards import DataSplit
 from medsplit.errors import ConfigError
 
 _BACKGROUND = 0.25
@@ -18,7 +18,7 @@ _NOISE_STD = 0.1
 
 def synthetic_split(
     n: int, *, shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 2, seed: int = 0
-) -> Split:
+) -> DataSplit:
     """Make ``n`` noisy images whose class shows as the orientation of a stripe pattern.
 
     Class ``k`` draws cosine stripes at angle ``pi*k/num_classes`` with a period of six
@@ -36,7 +36,7 @@ def synthetic_split(
         seed: the same seed gives the same images and labels; the global RNG is unused.
 
     Returns:
-        A :class:`Split` with float32 images in [0, 1] and int64 labels.
+        A :class:`DataSplit` with float32 images in [0, 1] and int64 labels.
 
     Raises:
         ConfigError: an argument is out of range (the message names it).
@@ -80,7 +80,7 @@ def synthetic_split(
     images = plane.view(n, 1, *leading, spatial[-2], spatial[-1]).expand(n, channels, *spatial)
     noise = torch.randn(n, channels, *spatial, generator=generator) * _NOISE_STD
     images = (images + noise).clamp_(0.0, 1.0)
-    return Split(images=images, labels=labels)
+    return DataSplit(images=images, labels=labels)
 
 
 def _is_int(value: object) -> bool:

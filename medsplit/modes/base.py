@@ -8,7 +8,8 @@ its hooks; none of them branches on which mode it is. A mode is one file under
 
 Hooks in use: :meth:`SplitMode.client_segments`, :meth:`SplitMode.default_cuts`,
 :meth:`SplitMode.check_cuts`, :meth:`SplitMode.client_role`,
-:meth:`SplitMode.server_role`, :meth:`SplitMode.eval_logits`, :meth:`SplitMode.options`
+:meth:`SplitMode.server_role`, :meth:`SplitMode.eval_activations`,
+:meth:`SplitMode.eval_outputs`, :meth:`SplitMode.eval_logits`, :meth:`SplitMode.options`
 and :meth:`SplitMode.describe`; and the round's, with round-robin defaults, which the
 coordinator's scheduler, the worker's turn runner and the agent call:
 :meth:`SplitMode.plan_round` (the groups of a round), :meth:`SplitMode.start_from`
@@ -39,11 +40,19 @@ import torch
 from medsplit.cutting import SplitModel
 from medsplit.errors import ConfigError, RoundPlanError
 from medsplit.models import ModelSpec
+from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
-from medsplit.wire import Frame
+from medsplit.protocol.roles import (
+    LOGITS,
+    ClientRole,
+    LossFn,
+    ServerRole,
+    boundary_spec,
+    eval_mode,
+)
+from medsplit.wire import Frame, FrameKind, FrameSpec
 
 #: The name of the server's party, wherever parties are listed by name.
 SERVER_PARTY = "server"
@@ -264,6 +273,42 @@ class SplitMode(ABC):
         limits: FrameLimits | None = None,
     ) -> ServerRole:
         """The server's step role over its party; ``limits`` bound what frames may hold."""
+
+    def eval_activations(
+        self, parties: Mapping[str, Party], x: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """How validation starts at the hospital: what its first segment makes of one
+        validation batch ``x``, in eval mode and without gradients (learning nothing), to
+        cross in an ``eval_activations`` frame. Default: the ``front`` party's outputs."""
+        front = parties["front"].module
+        with eval_mode([front]), torch.no_grad():
+            return dict(front(x))
+
+    def eval_outputs(
+        self, frame: Frame, *, party: Party, split: SplitModel, limits: FrameLimits
+    ) -> dict[str, torch.Tensor]:
+        """How validation crosses the server: its segment's outputs for an
+        ``eval_activations`` frame, checked first (the step, the tensors of the first cut,
+        the batch, finite values), computed in eval mode without gradients, and checked
+        again; a segment that ends the model answers ``logits``. Default: one server
+        segment after the first cut.
+
+        Raises:
+            FrameRejected: a check failed; nothing was learnt.
+        """
+        spec = FrameSpec(
+            kind=FrameKind.EVAL_ACTIVATIONS, tensors=boundary_spec(split.boundaries[0])
+        )
+        index = checks.check_eval_step(frame, limits)
+        checks.conforms(frame, spec)
+        checks.check_eval_batch(frame, checks.batch_of(frame), limits, index)
+        checks.check_finite(frame)
+        module = party.module
+        with eval_mode([module]), torch.no_grad():
+            out = module(**dict(frame.tensors))
+        tensors = dict(out) if isinstance(out, Mapping) else {LOGITS: out}
+        checks.check_computed(frame, {f"output {n!r}": t for n, t in tensors.items()})
+        return tensors
 
     @abstractmethod
     def eval_logits(

@@ -74,6 +74,7 @@ class UShapedMode(SplitMode):
             boundaries=(split.boundaries[0], split.boundaries[1]),
             loss_fn=loss_fn,
             codec=codec,
+            mode=self.name,
         )
 
     def server_role(
@@ -92,6 +93,7 @@ class UShapedMode(SplitMode):
             job=job,
             codec=codec,
             limits=limits,
+            mode=self.name,
         )
 
     def eval_logits(
@@ -127,9 +129,8 @@ class UShapedClient(ClientRole):
         boundaries: crossing tensors at the first and the second cut.
         loss_fn: loss on (logits, labels); cross-entropy by default.
         codec: wire codec for what this client sends.
+        mode: the name of the mode that built the role, written into its frames.
     """
-
-    mode = NAME
 
     def __init__(
         self,
@@ -139,7 +140,9 @@ class UShapedClient(ClientRole):
         boundaries: tuple[tuple[BoundaryTensor, ...], tuple[BoundaryTensor, ...]],
         loss_fn: LossFn | None = None,
         codec: str = "none",
+        mode: str = NAME,
     ):
+        self.mode = mode
         self.front = front
         self.head = head
         self.boundaries = boundaries
@@ -222,9 +225,8 @@ class UShapedServer(ServerRole):
         codec: wire codec for what this server sends.
         limits: what the job allows a frame to hold (batch, steps); without them only
             the frame's form, its batch and its finiteness are checked.
+        mode: the name of the mode that built the role, written into its frames.
     """
-
-    mode = NAME
 
     def __init__(
         self,
@@ -234,7 +236,9 @@ class UShapedServer(ServerRole):
         job: str,
         codec: str = "none",
         limits: FrameLimits | None = None,
+        mode: str = NAME,
     ):
+        self.mode = mode
         self.middle = middle
         self.boundaries = boundaries
         self.codec = codec
@@ -260,8 +264,8 @@ class UShapedServer(ServerRole):
         ids = StepIds.of(frame)
         if self._pending.ids is not None:
             raise ProtocolError(
-                f"server cannot start step {ids.position}: "
-                f"step {self._pending.ids.position} is still in flight"
+                f"server cannot start step {ids.order}: "
+                f"step {self._pending.ids.order} is still in flight"
             )
         # Every check before the forward: a refused frame changes nothing here.
         check_training_step(frame, self.limits)

@@ -51,7 +51,7 @@ NAME = "vanilla"
 
 
 class VanillaMode(SplitMode):
-    """One cut: the hospital holds the front, the server the back, the labels and the loss."""
+    """One cut: the hospital holds the front, the server the tail, the labels and the loss."""
 
     name = NAME
     title = "Vanilla"
@@ -70,7 +70,9 @@ class VanillaMode(SplitMode):
         codec: str = "none",
         loss_fn: LossFn | None = None,
     ) -> VanillaClient:
-        return VanillaClient(front=parties["front"], boundary=split.boundaries[0], codec=codec)
+        return VanillaClient(
+            front=parties["front"], boundary=split.boundaries[0], codec=codec, mode=self.name
+        )
 
     def server_role(
         self,
@@ -83,12 +85,13 @@ class VanillaMode(SplitMode):
         limits: FrameLimits | None = None,
     ) -> VanillaServer:
         return VanillaServer(
-            back=party,
+            tail=party,
             boundary=split.boundaries[0],
             job=job,
             loss_fn=loss_fn,
             codec=codec,
             limits=limits,
+            mode=self.name,
         )
 
     def eval_logits(
@@ -101,7 +104,7 @@ class VanillaMode(SplitMode):
         limits: FrameLimits,
         device: torch.device | str = "cpu",
     ) -> torch.Tensor:
-        """The server's back ends in the logits: one floating 2-D tensor, checked."""
+        """The server's tail ends in the logits: one floating 2-D tensor, checked."""
         logits = frame.tensors.get(LOGITS)
         dtype = logits.dtype if logits is not None and logits.dtype.is_floating_point else None
         spec = FrameSpec(
@@ -120,11 +123,18 @@ class VanillaClient(ClientRole):
         front: the front segment with its optimizer.
         boundary: the tensors crossing the cut (``SplitModel.boundaries[0]``).
         codec: wire codec for what this client sends.
+        mode: the name of the mode that built the role, written into its frames.
     """
 
-    mode = NAME
-
-    def __init__(self, *, front: Party, boundary: tuple[BoundaryTensor, ...], codec: str = "none"):
+    def __init__(
+        self,
+        *,
+        front: Party,
+        boundary: tuple[BoundaryTensor, ...],
+        codec: str = "none",
+        mode: str = NAME,
+    ):
+        self.mode = mode
         self.front = front
         self.boundary = boundary
         self.codec = codec
@@ -164,31 +174,32 @@ class VanillaClient(ClientRole):
 
 
 class VanillaServer(ServerRole):
-    """Runs the back and the loss on received activations, returns the gradient at the cut.
+    """Runs the tail and the loss on received activations, returns the gradient at the cut.
 
     Args:
-        back: the back segment with its optimizer.
+        tail: the last segment (``SplitModel.tail``) with its optimizer.
         boundary: the tensors crossing the cut.
         job: the job this server serves; frames of other jobs are refused.
         loss_fn: loss on (logits, labels); cross-entropy by default.
         codec: wire codec for what this server sends.
         limits: what the job allows a frame to hold (batch, classes, steps); without
             them only the frame's form, its batch and its finiteness are checked.
+        mode: the name of the mode that built the role, written into its frames.
     """
-
-    mode = NAME
 
     def __init__(
         self,
         *,
-        back: Party,
+        tail: Party,
         boundary: tuple[BoundaryTensor, ...],
         job: str,
         loss_fn: LossFn | None = None,
         codec: str = "none",
         limits: FrameLimits | None = None,
+        mode: str = NAME,
     ):
-        self.back = back
+        self.mode = mode
+        self.tail = tail
         self.boundary = boundary
         self.loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
         self.codec = codec
@@ -209,16 +220,16 @@ class VanillaServer(ServerRole):
         check_finite(frame)
         labels = frame.tensors[LABELS]
         check_labels(frame, labels, self.limits)
-        with refused_undone(Rollback(self.back)):
+        with refused_undone(Rollback(self.tail)):
             inputs = as_leaves({t.name: frame.tensors[t.name] for t in self.boundary})
-            loss = self.loss_fn(self.back.module(**inputs), labels)
+            loss = self.loss_fn(self.tail.module(**inputs), labels)
             loss.backward()
             grads = gradients_of(inputs)
             computed = {f"gradient for {n!r}": g for n, g in grads.items()}
             check_computed(
-                frame, {"loss": loss.detach(), **computed}, self.back.module.parameters()
+                frame, {"loss": loss.detach(), **computed}, self.tail.module.parameters()
             )
-        self.back.step()
+        self.tail.step()
         grads[LOSS] = loss.detach().float()
         reply = Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), grads)
         self.applied.record(frame, reply)

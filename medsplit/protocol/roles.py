@@ -25,18 +25,19 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True, order=True)
 class StepIds:
-    """Where a step stands in its job; frames of one step all carry these numbers."""
+    """Where a step stands in its job; frames of one step all carry these numbers
+    (``position`` is the hospital's place in its round)."""
 
     job: str
     round: int
-    turn: int
+    position: int
     step: int
 
     def meta(self, kind: FrameKind, mode: str, codec: str) -> FrameMeta:
         return FrameMeta(
             job=self.job,
             round=self.round,
-            turn=self.turn,
+            position=self.position,
             step=self.step,
             kind=kind,
             mode=mode,
@@ -46,11 +47,12 @@ class StepIds:
     @classmethod
     def of(cls, frame: Frame) -> StepIds:
         m = frame.meta
-        return cls(m.job, m.round, m.turn, m.step)
+        return cls(m.job, m.round, m.position, m.step)
 
     @property
-    def position(self) -> tuple[int, int, int]:
-        return (self.round, self.turn, self.step)
+    def order(self) -> tuple[int, int, int]:
+        """(round, position, step): steps of a job compare in this order."""
+        return (self.round, self.position, self.step)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class StepResult:
 class ClientRole(ABC):
     """The hospital's side of one mode: starts each step and reacts to the server's frames.
 
-    ``mode`` is the mode's name, written into every frame it sends.
+    ``mode`` is the name of the mode that built the role (given by its ``client_role``
+    hook), written into every frame it sends: a mode reusing another's roles under its
+    own name passes its name, and need not subclass them.
     """
 
     mode: str
@@ -88,7 +92,7 @@ class ClientRole(ABC):
 class ServerRole(ABC):
     """The server's side of one mode: answers each frame from a hospital with one frame.
 
-    ``mode`` is the mode's name, written into every frame it sends.
+    ``mode`` is the name of the mode that built the role, as for :class:`ClientRole`.
     """
 
     mode: str
@@ -210,21 +214,20 @@ class AppliedSteps:
         ids = StepIds.of(frame)
         if ids.job != self.job:
             raise ProtocolError(f"{who} serves job {self.job!r}, got a frame for job {ids.job!r}")
-        if self.last is None or ids.position > self.last.position:
+        if self.last is None or ids.order > self.last.order:
             return None
         answered = self._answers.get(frame.meta.kind) if ids == self.last else None
         if answered is None and ids == self.last:
             return None  # the next exchange of the latest step (U-shaped has two)
         if answered is None:
             raise ProtocolError(
-                f"{who} already applied step {self.last.position}; a {frame.meta.kind} frame "
-                f"for step {ids.position} comes too late (an out-of-order frame)"
+                f"{who} already applied step {self.last.order}; a {frame.meta.kind} frame "
+                f"for step {ids.order} comes too late (an out-of-order frame)"
             )
         request, reply = answered
         if not _same_tensors(request, frame):
             raise ProtocolError(
-                f"{who} got step {ids.position} again with different contents; "
-                "a step is computed once"
+                f"{who} got step {ids.order} again with different contents; a step is computed once"
             )
         return reply
 
@@ -255,8 +258,7 @@ class PendingStep:
     def begin(self, ids: StepIds, *, who: str) -> None:
         if self.ids is not None:
             raise ProtocolError(
-                f"{who} cannot start step {ids.position}: "
-                f"step {self.ids.position} is still in flight"
+                f"{who} cannot start step {ids.order}: step {self.ids.order} is still in flight"
             )
         self.ids = ids
 

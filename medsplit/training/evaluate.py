@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from monai.metrics import compute_roc_auc
 
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.protocol.roles import eval_mode
 
 __all__ = [
@@ -30,7 +30,7 @@ class Evaluation:
 
 
 def evaluate(
-    segments: Sequence[torch.nn.Module], data: Split, *, batch_size: int = 256
+    segments: Sequence[torch.nn.Module], data: DataSplit, *, batch_size: int = 256
 ) -> Evaluation:
     """Run the segments one after another over ``data`` in eval mode, without gradients.
 
@@ -49,7 +49,7 @@ def evaluate(
 
 
 def score(
-    segments: Sequence[torch.nn.Module], data: Split, *, batch_size: int = 256
+    segments: Sequence[torch.nn.Module], data: DataSplit, *, batch_size: int = 256
 ) -> dict[str, float]:
     """:func:`classification_metrics` of the segments run one after another over
     ``data`` (a test split, say), as :func:`evaluate` runs them."""
@@ -62,7 +62,7 @@ def score(
 
 
 def _through(
-    segments: Sequence[torch.nn.Module], data: Split, batch_size: int
+    segments: Sequence[torch.nn.Module], data: DataSplit, batch_size: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(outputs, labels) per batch, in eval mode, without gradients."""
     with eval_mode(segments), torch.no_grad():

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from medsplit.cutting import SplitModel
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
@@ -17,7 +17,7 @@ from medsplit.training.schedule import Batch, job_batches
 
 def train_unsplit(
     model: torch.nn.Module,
-    splits: Sequence[Split],
+    splits: Sequence[DataSplit],
     config: TrainingConfig,
     split: SplitModel,
     *,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from medsplit.data import Split, iter_batches
+from medsplit.data import DataSplit, iter_batches
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.roles import StepIds
 from medsplit.training.config import TrainingConfig
@@ -29,7 +29,7 @@ def hospital_seed(seed: int, hospital: int) -> int:
 
 
 def turn_batches(
-    config: TrainingConfig, split: Split, *, round_: int, hospital: int
+    config: TrainingConfig, split: DataSplit, *, round_: int, hospital: int
 ) -> Iterator[Batch]:
     """The batches of one hospital's turn in one round, step numbers from 0."""
     step = 0
@@ -72,7 +72,7 @@ def turn_limits(
     )
 
 
-def job_batches(config: TrainingConfig, splits: Sequence[Split]) -> Iterator[Batch]:
+def job_batches(config: TrainingConfig, splits: Sequence[DataSplit]) -> Iterator[Batch]:
     """Every batch of the job: rounds, then hospitals in order (round-robin), then steps."""
     for round_ in range(config.rounds):
         for hospital, split in enumerate(splits):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from medsplit.data import Split, load_medmnist, shard, synthetic_split
+from medsplit.data import DataSplit, load_medmnist, shard, synthetic_split
 from medsplit.errors import ConfigError
 from medsplit.models import build_model, get_model_spec
 from medsplit.protocol.roles import StepResult
@@ -60,7 +60,7 @@ def load_hospitals(setup: SimulationSetup, *, seed: int) -> list[Hospital]:
     ]
 
 
-def num_classes_of(splits: list[Split]) -> int:
+def num_classes_of(splits: list[DataSplit]) -> int:
     """Classes seen in the data (at least two)."""
     return max(2, max(int(s.labels.max()) + 1 for s in splits if len(s)))
 

@@ -15,7 +15,7 @@ import torch
 from medsplit.channel import Channel, InMemoryChannel, RelayKeys
 from medsplit.cutting import SplitModel, split_model
 from medsplit.cutting.split import SEGMENT_NAMES
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.errors import CutError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.link import LocalLink
@@ -37,8 +37,8 @@ class Hospital:
     """A participant of an in-process job: a name and its local data (never shared)."""
 
     name: str
-    train: Split
-    val: Split | None = None
+    train: DataSplit
+    val: DataSplit | None = None
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
 from medsplit.training.parallel import is_parallel
@@ -60,7 +60,7 @@ def deterministic() -> Iterator[None]:
 
 def verify_split(
     model: torch.nn.Module,
-    splits: Sequence[Split],
+    splits: Sequence[DataSplit],
     config: TrainingConfig,
     *,
     loss_fn: LossFn | None = None,

@@ -1,50 +1,46 @@
-"""Checkpoints of the server's segment during a turn, and writing them to disk safely.
+"""The server's checkpoints during a turn, and when either side saves its state.
 
 A checkpoint is the server party's whole training state (weights, optimizer state,
-schedule) as :func:`medsplit.protocol.handoff.export_parties` bytes: safetensors, so
-loading one runs no code. It is named by the last step it applied; ``-1`` is the turn's
-starting point (where the previous turn left the server, or the initial weights).
+schedule), named by the last step it applied; ``-1`` (:data:`BASE`) is the turn's
+starting point (where the previous turn left the server, or the initial weights). Where
+they live is a :class:`~medsplit.turns.stores.StateStore`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
-from abc import ABC, abstractmethod
-from pathlib import Path
+from dataclasses import dataclass
 
-from medsplit.errors import MedSplitError
+from medsplit.turns.stores import StateStore, StoreError
 
 BASE = -1
 
 
-class CheckpointError(MedSplitError):
-    """A checkpoint is missing, unreadable or not what its record says."""
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a side saves its state: before every ``every``-th step, and once training
+    ends (the server also when paused, and before a new handshake mid-turn).
+
+    The server saves after answering step ``s - 1`` when :meth:`due` says so for ``s``;
+    the hospital, which has that answer then, snapshots "before ``s``" at the same ``s``,
+    so it holds a snapshot for every checkpoint but possibly the newest (the server's
+    store keeps two for that reason). The server tells the hospital ``every`` in
+    ``resume``.
+    """
+
+    every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.every}")
+
+    def due(self, next_step: int, *, train_steps: int | None = None) -> bool:
+        """Whether the state before ``next_step`` is saved (``train_steps``: the last)."""
+        return next_step % self.every == 0 or next_step == train_steps
 
 
-class CheckpointStore(ABC):
-    """Where one turn's server checkpoints live. ``-1`` (the turn's start) always exists."""
-
-    @abstractmethod
-    def steps(self) -> list[int]:
-        """Last-applied steps of the checkpoints that can be loaded, ``-1`` included."""
-
-    @abstractmethod
-    def load(self, step: int) -> bytes:
-        """The bytes saved after ``step`` (``-1``: the turn's starting point).
-
-        Raises:
-            CheckpointError: there is none, or it does not verify.
-        """
-
-    @abstractmethod
-    def save(self, step: int, data: bytes) -> None:
-        """Keep ``data`` as the state after ``step``, atomically; older ones may go."""
-
-
-class MemoryCheckpointStore(CheckpointStore):
-    """Checkpoints in a dict: for simulations and tests. Keeps the last ``keep``."""
+class MemoryCheckpointStore(StateStore):
+    """Checkpoints in a dict: for simulations and tests. Keeps :data:`BASE` and the
+    last ``keep``."""
 
     def __init__(self, base: bytes, *, keep: int = 2) -> None:
         self._base = base
@@ -61,57 +57,10 @@ class MemoryCheckpointStore(CheckpointStore):
         try:
             return self._saved[step]
         except KeyError:
-            raise CheckpointError(f"no checkpoint after step {step}") from None
+            raise StoreError(f"no checkpoint after step {step}") from None
 
     def save(self, step: int, data: bytes) -> None:
         self._saved[step] = bytes(data)
         self.saves += 1
         for old in sorted(self._saved)[: -self.keep]:
             del self._saved[old]
-
-
-def write_atomic(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
-
-    The bytes go to a temporary file in the same folder, are flushed to disk, and the
-    file is renamed over ``path``; the folder is synced so the rename survives a crash.
-
-    Returns:
-        The SHA-256 of ``data`` in hex.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-    return hashlib.sha256(data).hexdigest()
-
-
-def read_verified(path: Path, sha256: str) -> bytes:
-    """The bytes of ``path``, checked against the SHA-256 its record holds.
-
-    Raises:
-        CheckpointError: the file is missing or its contents changed.
-    """
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint file {path} cannot be read: {e}") from e
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise CheckpointError(
-            f"checkpoint file {path} does not match its record (sha256 {digest[:12]}..., "
-            f"expected {sha256[:12]}...): it was changed or damaged"
-        )
-    return data

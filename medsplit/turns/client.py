@@ -6,6 +6,13 @@ in another process. It starts every run with the handshake of
 after either side died: it rolls its segments back to the snapshot the server chooses
 and continues from there. Batches are the job's deterministic sequence
 (:func:`medsplit.training.schedule.turn_batches`), so steps done again are the same steps.
+
+Its states and their transitions are :data:`~medsplit.turns.states.CLIENT_TRANSITIONS`;
+its frames go through a :class:`~medsplit.turns.frameio.FrameIO`; the steps are the
+mode's client role's, validation the mode's
+:meth:`~medsplit.modes.SplitMode.eval_activations` and
+:meth:`~medsplit.modes.SplitMode.eval_logits`, and when to snapshot a
+:class:`~medsplit.turns.checkpoints.CheckpointPolicy`.
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ import torch
 
 from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel
-from medsplit.data import Split
-from medsplit.errors import ChannelTimeout, ConfigError, FrameError, MedSplitError, ProtocolError
+from medsplit.data import DataSplit
+from medsplit.errors import ConfigError, MedSplitError, ProtocolError
 from medsplit.modes import get_mode
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits, FrameRejected
@@ -32,17 +39,14 @@ from medsplit.protocol.handoff import export_parties, import_parties, read_notes
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, StepResult
 from medsplit.training.config import TrainingConfig
-from medsplit.training.evaluate import classification_metrics, eval_mode
+from medsplit.training.evaluate import classification_metrics
 from medsplit.training.schedule import Batch, turn_batches, turn_limits
 from medsplit.turns import control
-from medsplit.turns.snapshots import SnapshotStore
-from medsplit.wire import (
-    DEFAULT_MAX_FRAME_BYTES,
-    Frame,
-    FrameKind,
-    decode_frame,
-    encode_frame,
-)
+from medsplit.turns.checkpoints import CheckpointPolicy
+from medsplit.turns.frameio import FrameCounters, FrameIO
+from medsplit.turns.states import CLIENT_TRANSITIONS, ClientState, TurnState
+from medsplit.turns.stores import StateStore
+from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +89,38 @@ class ClientReport:
         return self.total_seconds - self.waiting_seconds
 
 
+class TurnRecord:
+    """The losses of a turn's training steps and the logits of its validation batches:
+    what the hospital's metrics are made of. The losses also travel in its snapshots,
+    so a restarted agent reports the loss of the whole turn, not of the steps since it
+    came back (never in what is handed on)."""
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+        self.eval_logits: dict[int, torch.Tensor] = {}
+
+    def notes(self) -> dict[str, str]:
+        return {LOSSES_NOTE: json.dumps({str(s): v for s, v in sorted(self.losses.items())})}
+
+    def restored(self, snapshot: bytes, step: int) -> None:
+        """Back to "before ``step``": what a snapshot kept joins, later entries go."""
+        kept = read_notes(snapshot).get(LOSSES_NOTE)
+        if kept:
+            # Those of this run win: the same steps, done again, give the same losses.
+            self.losses = {**_losses_of(kept), **self.losses}
+        self.losses = {s: v for s, v in self.losses.items() if s < step}
+        self.eval_logits = {s: v for s, v in self.eval_logits.items() if s < step}
+
+    def metrics(self, val: DataSplit | None, eval_steps: int) -> dict[str, float]:
+        values: dict[str, float] = {}
+        if self.losses:
+            values["train_loss"] = sum(self.losses.values()) / len(self.losses)
+        if val is not None and eval_steps and len(self.eval_logits) == eval_steps:
+            logits = torch.cat([self.eval_logits[s] for s in sorted(self.eval_logits)])
+            values.update(classification_metrics(logits, val.labels[: logits.shape[0]]))
+        return values
+
+
 class TurnClient:
     """Runs one hospital's turn (see the module docstring).
 
@@ -92,8 +128,9 @@ class TurnClient:
         ids: the turn's job, round, position, mode and codec.
         channel, streams: the relay and this hospital's streams.
         split: the job's split model (its client segments are built from it).
-        parties: builds the hospital's parties (``front``, and ``head`` in U-shaped
-            mode) with their optimizers; their state comes from the snapshots.
+        parties: builds the hospital's parties (those of the mode's
+            ``client_segments()``) with their optimizers; their state comes from the
+            snapshots.
         start: the state the turn starts from (the hand-off), kept as the snapshot
             before step 0 unless ``snapshots`` already has one.
         config: the job's training configuration.
@@ -107,6 +144,10 @@ class TurnClient:
         limits: what the server's frames must fit: ``turn_limits`` over this hospital's
             own data and the job's classes (:mod:`medsplit.training.schedule`); by default
             the same without the classes, so validation logits of any width pass.
+
+    What changes while it runs: :attr:`turn_state`, :attr:`parties`, :attr:`role`,
+    :attr:`position`, :attr:`policy`, the batches, :attr:`record` and
+    :attr:`resumed_at`; the rest is set once.
     """
 
     def __init__(
@@ -119,9 +160,9 @@ class TurnClient:
         parties: Callable[[], dict[str, Party]],
         start: bytes,
         config: TrainingConfig,
-        train: Split,
-        val: Split | None,
-        snapshots: SnapshotStore,
+        train: DataSplit,
+        val: DataSplit | None,
+        snapshots: StateStore,
         reply_timeout: float = 600.0,
         loss_fn: LossFn | None = None,
         on_step: StepCallback | None = None,
@@ -134,6 +175,14 @@ class TurnClient:
         self.mode = get_mode(ids.mode)
         self.channel = channel
         self.streams = streams
+        self.io = FrameIO(
+            channel,
+            inbound=streams.down,
+            outbound=streams.up,
+            ids=ids,
+            max_frame_bytes=max_frame_bytes,
+            where=f"turn {ids.position} of round {ids.round}",
+        )
         self.split = split
         self.make_parties = parties
         self.config = config
@@ -143,7 +192,6 @@ class TurnClient:
         self.reply_timeout = reply_timeout
         self.loss_fn = loss_fn
         self.on_step = on_step
-        self.max_frame_bytes = max_frame_bytes
         self.stop = stop or threading.Event()
         self.device = torch.device(device)
         if 0 not in snapshots.steps():
@@ -157,23 +205,33 @@ class TurnClient:
         if limits is not None and limits != own:
             raise ConfigError(f"the turn's limits {limits} are not those of this data: {own}")
         self.limits = own
-        self.train_steps = own.train_steps or 0
-        self.eval_steps = own.eval_steps or 0
+        self.turn_state = TurnState(CLIENT_TRANSITIONS, ClientState.STARTING, side="hospital")
         self.parties: dict[str, Party] = {}
         self.role: ClientRole | None = None
         self.position = 0
-        self.checkpoint_every = 1
+        self.policy = CheckpointPolicy(1)  # until the server's resume says otherwise
         self._batches: Iterator[Batch] = iter(())
-        self._losses: dict[int, float] = {}
-        self._eval_logits: dict[int, torch.Tensor] = {}
         self._in_step = False
+        self.record = TurnRecord()
         #: Every step this turn resumed at, over all runs (a run cut short included).
         self.resumed_at: list[int] = []
+
+    @property
+    def train_steps(self) -> int:
+        return self.limits.train_steps or 0
+
+    @property
+    def eval_steps(self) -> int:
+        return self.limits.eval_steps or 0
 
     @property
     def metrics_step(self) -> int:
         """The step that carries the metrics: after every training and validation step."""
         return self.train_steps + self.eval_steps
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.policy.every
 
     def state(self) -> bytes:
         """The hospital's current training state (what it hands on after the turn)."""
@@ -192,71 +250,101 @@ class TurnClient:
             ProtocolError: the server sent frames that break the protocol.
         """
         report = ClientReport(ClientOutcome.STOPPED)
+        self.io.counters = FrameCounters()
+        # Each run is a new start of this side: a hello, a handshake.
+        self.turn_state = TurnState(CLIENT_TRANSITIONS, ClientState.STARTING, side="hospital")
         began = time.monotonic()
         try:
             return self._run(report)
         except FrameRejected as e:
+            self._failed()
             refused = e.sent_by(SERVER)
             logger.error("turn %s of round %s: %s", self.ids.position, self.ids.round, refused)
             raise refused from e
+        except Exception:
+            self._failed()
+            raise
         finally:
+            counters = self.io.counters
+            report.bytes_up, report.bytes_down = counters.bytes_out, counters.bytes_in
+            report.waiting_seconds = counters.waiting_seconds
             report.total_seconds = time.monotonic() - began
+
+    def _failed(self) -> None:
+        if not self.turn_state.is_final():
+            self.turn_state.to(ClientState.FAILED)
 
     def _run(self, report: ClientReport) -> ClientReport:
         answered: int | None = None
-        running = False
-        self._send(control.rejoin(self.ids, control.HELLO, self.snapshots.steps()), report)
+        self.io.send(control.rejoin(self.ids, control.HELLO, self.snapshots.steps()))
+        self.turn_state.to(ClientState.HANDSHAKE)
         while True:
-            if self._stopping():
-                return self._interrupted(report)
-            frame = self._receive(report)
+            frame = self.io.next_frame(
+                silence_timeout=self.reply_timeout,
+                poll=_STOP_POLL_SECONDS,
+                interrupted=self._stopping,
+                silent=self._silent,
+            )
             if frame is None:
                 return self._interrupted(report)
             kind = frame.meta.kind
             if kind == FrameKind.SYNC:
                 checks.conforms(frame, control.SYNC_SPEC)
-                answered, running = control.nonce_of(frame), False
-                self._send(control.rejoin(self.ids, answered, self.snapshots.steps()), report)
+                answered = control.nonce_of(frame)
+                self.turn_state.to(ClientState.HANDSHAKE)
+                self.io.send(control.rejoin(self.ids, answered, self.snapshots.steps()))
                 continue
             if kind == FrameKind.RESUME:
                 checks.conforms(frame, control.RESUME_SPEC)
                 if control.nonce_of(frame) != answered:
                     continue  # an answer to an earlier handshake
-                if frame.meta.step not in self.snapshots.steps():
-                    raise FrameRejected.of(
-                        frame,
-                        checks.HANDSHAKE,
-                        f"resumes at step {frame.meta.step}, but this hospital offered "
-                        f"snapshots before steps {self.snapshots.steps()} only",
-                    )
-                self.checkpoint_every = max(1, int(frame.tensors[control.EVERY]))
-                self._restore(frame.meta.step)
-                report.resumed_at.append(frame.meta.step)
-                self.resumed_at.append(frame.meta.step)
-                running = True
-                self._send(self._next_frame(), report)
+                self._resume(frame, report)
+                self.io.send(self._next_frame())
                 continue
-            if not running:
+            if self.turn_state.now != ClientState.RUNNING:
                 continue  # left over from before the handshake
             if kind in (FrameKind.DONE, FrameKind.STOPPED, FrameKind.PAUSED):
                 checks.conforms(frame, control.SIGNAL_SPEC)
                 return self._ended(kind, frame.meta.step, report)
             if frame.meta.step != self.position:
-                logger.info("dropped a %s frame for step %d", kind, frame.meta.step)
+                self.io.drop(frame, f"step {frame.meta.step} is not step {self.position}")
                 continue
             outgoing = self._handle(frame)
             if outgoing is not None:
-                self._send(outgoing, report)
+                self.io.send(outgoing)
+
+    def _resume(self, frame: Frame, report: ClientReport) -> None:
+        step = frame.meta.step
+        if step not in self.snapshots.steps():
+            raise FrameRejected.of(
+                frame,
+                checks.HANDSHAKE,
+                f"resumes at step {step}, but this hospital offered "
+                f"snapshots before steps {self.snapshots.steps()} only",
+            )
+        self.policy = CheckpointPolicy(max(1, int(frame.tensors[control.EVERY])))
+        self._restore(step)
+        report.resumed_at.append(step)
+        self.resumed_at.append(step)
+        if self.turn_state.now == ClientState.HANDSHAKE:
+            self.turn_state.to(ClientState.RUNNING)
 
     def _stopping(self) -> bool:
         """Asked to stop, and no step is half done (a step in flight is finished first)."""
         return self.stop.is_set() and not self._in_step
+
+    def _silent(self, waited: float, relay_error: str) -> ServerSilent:
+        return ServerSilent(
+            f"the server sent nothing for {self.reply_timeout:g} s during turn "
+            f"{self.ids.position} of round {self.ids.round}{relay_error}"
+        )
 
     def _interrupted(self, report: ClientReport) -> ClientReport:
         if self.role is not None and self.position <= self.train_steps:
             self.snapshots.save(self.position, self._snapshot())  # nothing of it applied yet
         report.outcome = ClientOutcome.INTERRUPTED
         report.steps = min(self.position, self.train_steps)
+        self.turn_state.to(ClientState.INTERRUPTED)
         logger.info("turn %s interrupted before step %d", self.ids.position, self.position)
         return report
 
@@ -272,15 +360,13 @@ class TurnClient:
                 self.snapshots.save(step, self._snapshot())
         else:
             report.outcome = ClientOutcome.STOPPED
+        self.turn_state.to(ClientState(report.outcome.value))
         logger.info("turn %s at step %d: %s", self.ids.position, step, report.outcome)
         return report
 
     def _snapshot(self) -> bytes:
-        """The state, and the losses of the turn's steps so far: a restarted agent reports
-        the loss of the whole turn, not of the steps since it came back. Kept in the
-        snapshot only, never in what is handed on."""
-        losses = json.dumps({str(s): v for s, v in sorted(self._losses.items())})
-        return export_parties(self.parties, notes={LOSSES_NOTE: losses})
+        """The state, and the losses of the turn's steps so far (:class:`TurnRecord`)."""
+        return export_parties(self.parties, notes=self.record.notes())
 
     def _restore(self, step: int) -> None:
         self.parties = self.make_parties()
@@ -288,21 +374,16 @@ class TurnClient:
             party.module.to(self.device)  # in place: the optimizer keeps its parameters
         snapshot = self.snapshots.load(step)
         import_parties(snapshot, self.parties)
-        kept = read_notes(snapshot).get(LOSSES_NOTE)
-        if kept:
-            # Those of this run win: the same steps, done again, give the same losses.
-            self._losses = {**_losses_of(kept), **self._losses}
+        self.record.restored(snapshot, step)
         self.role = self.mode.client_role(
             self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
         )
-        self.position = step
         self._in_step = False
+        self.position = step
         batches = turn_batches(
             self.config, self.train, round_=self.ids.round, hospital=self.ids.position
         )
         self._batches = itertools.islice(batches, min(step, self.train_steps), None)
-        self._losses = {s: v for s, v in self._losses.items() if s < step}
-        self._eval_logits = {s: v for s, v in self._eval_logits.items() if s < step}
 
     # -- steps --------------------------------------------------------------------------
 
@@ -314,10 +395,9 @@ class TurnClient:
             self._in_step = True
             return self.role.start(batch.ids, batch.x.to(self.device), batch.y.to(self.device))
         if self.position < self.metrics_step:
-            x, _ = self._val_batch(self.position - self.train_steps)
-            x = x.to(self.device)
-            with eval_mode([self.parties["front"].module]), torch.no_grad():
-                out = self.parties["front"].module(x)
+            x = self._val_images(self.position - self.train_steps).to(self.device)
+            # How validation crosses the cut is the mode's (medsplit.modes).
+            out = self.mode.eval_activations(self.parties, x)
             return self.ids.frame(FrameKind.EVAL_ACTIVATIONS, self.position, out)
         return control.metrics(self.ids, self.position, self._metrics())
 
@@ -326,7 +406,7 @@ class TurnClient:
         if frame.meta.kind == FrameKind.EVAL_OUTPUTS:
             if not self.train_steps <= self.position < self.metrics_step:
                 raise ProtocolError(f"validation output for step {self.position} is out of place")
-            self._eval_logits[self.position] = self._logits(frame).cpu()
+            self.record.eval_logits[self.position] = self._logits(frame).cpu()
             self.position += 1
             return self._next_frame()
         if not self._in_step:
@@ -336,11 +416,11 @@ class TurnClient:
         if isinstance(result, Frame):
             return result
         self._in_step = False
-        self._losses[self.position] = result.loss
+        self.record.losses[self.position] = result.loss
         if self.on_step is not None:
             self.on_step(result)
         self.position += 1
-        if self.position % self.checkpoint_every == 0 or self.position == self.train_steps:
+        if self.policy.due(self.position, train_steps=self.train_steps):
             self.snapshots.save(self.position, self._snapshot())
         if self.stop.is_set():
             return None  # the run loop ends here, with a snapshot before the next step
@@ -364,61 +444,13 @@ class TurnClient:
             device=self.device,
         )
 
-    def _val_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _val_images(self, index: int) -> torch.Tensor:
         assert self.val is not None
         size = self.config.batch_size
-        return (
-            self.val.images[index * size : (index + 1) * size],
-            self.val.labels[index * size : (index + 1) * size],
-        )
+        return self.val.images[index * size : (index + 1) * size]
 
     def _metrics(self) -> dict[str, float]:
-        values: dict[str, float] = {}
-        if self._losses:
-            values["train_loss"] = sum(self._losses.values()) / len(self._losses)
-        if self.val is not None and self.eval_steps and len(self._eval_logits) == self.eval_steps:
-            logits = torch.cat([self._eval_logits[s] for s in sorted(self._eval_logits)])
-            values.update(classification_metrics(logits, self.val.labels[: logits.shape[0]]))
-        return values
-
-    # -- frames -------------------------------------------------------------------------
-
-    def _receive(self, report: ClientReport) -> Frame | None:
-        """The next frame of this turn from the server; ``None`` when asked to stop while
-        no step is in flight."""
-        deadline = time.monotonic() + self.reply_timeout
-        while True:
-            if self._stopping():
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServerSilent(
-                    f"the server sent nothing for {self.reply_timeout:g} s during turn "
-                    f"{self.ids.position} of round {self.ids.round}"
-                )
-            waiting = time.monotonic()
-            try:
-                payload = self.channel.receive(
-                    self.streams.down, timeout=min(remaining, _STOP_POLL_SECONDS)
-                )
-            except ChannelTimeout:
-                continue
-            finally:
-                report.waiting_seconds += time.monotonic() - waiting
-            report.bytes_down += len(payload)
-            try:
-                frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
-            except FrameError as e:
-                raise FrameRejected(checks.WELL_FORMED, f"bytes that are not a frame: {e}") from e
-            if self.ids.owns(frame):
-                return frame
-            logger.info("dropped a frame of another turn (%s)", frame.meta)
-            deadline = time.monotonic() + self.reply_timeout
-
-    def _send(self, frame: Frame, report: ClientReport) -> None:
-        payload = encode_frame(frame, max_bytes=self.max_frame_bytes)
-        self.channel.send(self.streams.up, payload)
-        report.bytes_up += len(payload)
+        return self.record.metrics(self.val, self.eval_steps)
 
 
 def _losses_of(text: str) -> dict[int, float]:

@@ -59,7 +59,7 @@ class TurnIds:
     def owns(self, frame: Frame) -> bool:
         """Whether ``frame`` belongs to this turn (job, round and position)."""
         m = frame.meta
-        return (m.job, m.round, m.turn) == (self.job, self.round, self.position)
+        return (m.job, m.round, m.position) == (self.job, self.round, self.position)
 
 
 #: The nonce of a hospital's unprompted rejoin: "I am here (again)", sent when it starts.

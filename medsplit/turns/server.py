@@ -2,8 +2,12 @@
 
 :class:`TurnServer` runs one hospital's turn from wherever the last checkpoint left it.
 It knows nothing of databases or task queues: the caller (a Celery task in ``workers/``)
-gives it a :class:`~medsplit.turns.checkpoints.CheckpointStore` and :class:`TurnHooks`
-that record progress, say whether to pause or stop, and record the turn's end.
+gives it a :class:`~medsplit.turns.stores.StateStore` and :class:`TurnHooks`
+that record progress, say whether to pause or stop, and record the turn's end. Its
+states and their transitions are :data:`~medsplit.turns.states.SERVER_TRANSITIONS`; its
+frames go through a :class:`~medsplit.turns.frameio.FrameIO`; the steps are the mode's
+server role's, validation the mode's :meth:`~medsplit.modes.SplitMode.eval_outputs`, and
+when to checkpoint a :class:`~medsplit.turns.checkpoints.CheckpointPolicy`.
 
 Layout of a turn's steps on the wire: ``0 .. T-1`` train (the mode's exchanges), then
 ``T .. T+V-1`` validate (``eval_activations`` up, ``eval_outputs`` down; nothing is
@@ -11,55 +15,44 @@ learnt), then step ``T+V`` carries the hospital's ``metrics``, answered by ``don
 The server learns ``T`` when the first validation (or metrics) frame arrives.
 
 Checkpoints: after answering step ``s - 1`` when ``s`` is a multiple of
-``checkpoint_every``, at the end of training, and when paused. The answer goes first,
-so the hospital, which snapshots "before s" once it has that answer, holds a snapshot
-for every checkpoint but possibly the newest; the store keeps two for that reason.
+``checkpoint_every``, at the end of training, when paused and before a new handshake
+mid-turn (:class:`~medsplit.turns.checkpoints.CheckpointPolicy`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
-
-import torch
 
 from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel
 from medsplit.errors import (
     ChannelError,
-    ChannelTimeout,
     CodecError,
     FrameError,
     MedSplitError,
     ProtocolError,
     RelayAbuse,
 )
-from medsplit.modes import get_mode
+from medsplit.modes import SplitMode, get_mode
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameLimits, FrameRejected
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import LOGITS, LOSS, LossFn, ServerRole, boundary_spec
-from medsplit.training.evaluate import eval_mode
+from medsplit.protocol.roles import LOSS, LossFn, ServerRole
 from medsplit.turns import control
-from medsplit.turns.checkpoints import BASE, CheckpointStore
-from medsplit.wire import (
-    DEFAULT_MAX_FRAME_BYTES,
-    Frame,
-    FrameKind,
-    FrameSpec,
-    decode_frame,
-    encode_frame,
-)
+from medsplit.turns.checkpoints import BASE, CheckpointPolicy
+from medsplit.turns.frameio import FrameIO
+from medsplit.turns.states import SERVER_TRANSITIONS, ServerState, TurnState
+from medsplit.turns.stores import StateStore
+from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind
 
 logger = logging.getLogger(__name__)
 
 SERVER_PARTY = "server"
-_TRAINING_KINDS = frozenset({FrameKind.ACTIVATIONS, FrameKind.HEAD_GRADIENTS})
 
 
 class Directive(StrEnum):
@@ -156,6 +149,49 @@ class _Interrupted(Exception):
         self.directive = directive
 
 
+class ServerCheckpoints:
+    """The server segment's checkpoints in one turn: where they live, when they are due,
+    and which step the saved weights hold (so that nothing is saved twice)."""
+
+    def __init__(
+        self, store: StateStore, party: Party, policy: CheckpointPolicy, progress: TurnProgress
+    ) -> None:
+        self.store = store
+        self.party = party
+        self.policy = policy
+        self.progress = progress
+        self.saved_through: int | None = None  # the checkpoint the weights equal, if any
+
+    def earlier_run(self) -> bool:
+        """Whether checkpoints of an earlier run of this turn are held."""
+        return len(self.store.steps()) > 1
+
+    def save(self, last: int) -> None:
+        """Keep the weights as "after step ``last``" (nothing to do for the start, or when
+        that one is saved already)."""
+        if last == BASE or self.saved_through == last:
+            return
+        self.store.save(last, export_parties({SERVER_PARTY: self.party}))
+        self.saved_through = last
+        self.progress.checkpoints.append(last)
+
+    def restore(self, start: int) -> None:
+        """The weights (and optimizer) as they were after step ``start - 1``."""
+        import_parties(self.store.load(start - 1), {SERVER_PARTY: self.party})
+        self.saved_through = start - 1
+
+
+#: The hospital's frames the server acts on, each with the states it takes it in; any
+#: other (kind, state) pair is dropped, logged and counted.
+_TAKES: Mapping[FrameKind, frozenset[ServerState]] = {
+    FrameKind.REJOIN: frozenset(ServerState),
+    FrameKind.ACTIVATIONS: frozenset({ServerState.TRAINING, ServerState.MID_STEP}),
+    FrameKind.HEAD_GRADIENTS: frozenset({ServerState.TRAINING, ServerState.MID_STEP}),
+    FrameKind.EVAL_ACTIVATIONS: frozenset({ServerState.TRAINING, ServerState.VALIDATING}),
+    FrameKind.METRICS: frozenset({ServerState.TRAINING, ServerState.VALIDATING}),
+}
+
+
 class TurnServer:
     """Serves one hospital's turn over ``channel`` (see the module docstring).
 
@@ -174,9 +210,14 @@ class TurnServer:
         checkpoint_every: steps between checkpoints (told to the hospital on resume).
         silence_timeout: seconds without a frame from the hospital before the turn fails.
         poll_interval: longest wait between two looks at the directive.
-        initial: counters carried over from an earlier run of the same turn.
+        initial: counters carried over from an earlier run of the same turn (updated in
+            place).
         reset_streams: start both streams afresh (a run taking the turn over after a
             failure, when stale frames or counters may be left on them).
+
+    What changes while it runs: :attr:`turn_state`, :attr:`next_step`, :attr:`nonce`,
+    :attr:`role`, :attr:`progress` and the checkpoints' ``saved_through``; the rest is
+    set once.
     """
 
     def __init__(
@@ -187,7 +228,7 @@ class TurnServer:
         streams: StreamPair,
         split: SplitModel,
         party: Party,
-        store: CheckpointStore,
+        store: StateStore,
         hooks: TurnHooks,
         batch_size: int | None = None,
         limits: FrameLimits | None = None,
@@ -200,8 +241,7 @@ class TurnServer:
         initial: TurnProgress | None = None,
         reset_streams: bool = False,
     ) -> None:
-        if checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        policy = CheckpointPolicy(checkpoint_every)
         if limits is None:
             if batch_size is None:
                 raise ValueError("give the turn's limits (or at least its batch_size)")
@@ -209,32 +249,52 @@ class TurnServer:
         elif batch_size is not None and batch_size != limits.batch_size:
             raise ValueError(f"batch_size {batch_size} differs from the limits' {limits}")
         self.ids = ids
-        self.channel = channel
-        self.streams = streams
+        self.mode: SplitMode = get_mode(ids.mode)
         self.split = split
         self.party = party
-        self.store = store
         self.hooks = hooks
         self.limits = limits
-        self.batch_size = limits.batch_size
         #: Who sends this turn's frames, as the reasons a turn fails with name it.
         self.sender = f"hospital {hospital}" if hospital else "the hospital"
-        self.checkpoint_every = checkpoint_every
         self.silence_timeout = silence_timeout
         self.poll_interval = poll_interval
         self.loss_fn = loss_fn
-        self.max_frame_bytes = max_frame_bytes
-        self.progress = initial or TurnProgress()
         self.reset_streams = reset_streams
+        self.channel = channel
+        self.streams = streams
+        self.progress = initial or TurnProgress()
+        self.io = FrameIO(
+            channel,
+            inbound=streams.up,
+            outbound=streams.down,
+            ids=ids,
+            max_frame_bytes=max_frame_bytes,
+            where=self._where(),
+        )
+        self._bytes_before = (self.progress.bytes_up, self.progress.bytes_down)
+        self.checkpoints = ServerCheckpoints(store, party, policy, self.progress)
+        self.turn_state = TurnState(SERVER_TRANSITIONS, ServerState.STARTING, side="server")
         self.next_step = 0
-        self.saved_through: int | None = None  # the checkpoint the weights equal, if any
-        self.training_done = False
         self.nonce = 0
-        self._mid_step = False
         self._answered = False  # the role holds the answer to step next_step - 1
         self._step_samples = 0
-        self.role: ServerRole = self._new_role()
         self._why_handshake = _FIRST_START
+        self.role: ServerRole = self._new_role()
+        self._handlers: Mapping[FrameKind, Callable[[Frame], ServerOutcome | None]] = {
+            FrameKind.REJOIN: self._on_rejoin,
+            FrameKind.ACTIVATIONS: self._on_training,
+            FrameKind.HEAD_GRADIENTS: self._on_training,
+            FrameKind.EVAL_ACTIVATIONS: self._on_eval,
+            FrameKind.METRICS: self._on_metrics,
+        }
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.checkpoints.policy.every
+
+    @property
+    def batch_size(self) -> int:
+        return self.limits.batch_size
 
     # -- the turn -----------------------------------------------------------------------
 
@@ -248,7 +308,7 @@ class TurnServer:
             TurnFailed: the hospital sent frames that break the protocol, or no common
                 point to resume from exists; the hospital is told as above.
             ChannelError: the relay failed.
-            CheckpointError: a checkpoint could not be read.
+            StoreError: a checkpoint could not be read.
         """
         try:
             if self.reset_streams:
@@ -256,19 +316,31 @@ class TurnServer:
                 # still holding the old place reconnects and says hello again.
                 self.channel.reset(self.streams.up)
                 self.channel.reset(self.streams.down)
-            if len(self.store.steps()) > 1:  # checkpoints of an earlier run are there
+            if self.checkpoints.earlier_run():
                 self._why_handshake = "a new run of the server"
             self._handshake()
             while True:
-                frame = self._next_frame(at_boundary=not self._mid_step)
-                outcome = self._dispatch(frame)
+                outcome = self._dispatch(self._next_frame())
                 if outcome is not None:
                     return outcome
         except _Interrupted as stop:
             return self._interrupted(stop.directive)
         except TurnFailed:
+            self.turn_state.to(ServerState.FAILED)
             self._say_stopped()
             raise
+        except Exception:
+            if not self.turn_state.is_final():  # the relay, the store: the caller decides
+                self.turn_state.to(ServerState.FAILED)
+            raise
+
+    def _dispatch(self, frame: Frame) -> ServerOutcome | None:
+        kind = frame.meta.kind
+        if self.turn_state.now not in _TAKES.get(kind, frozenset()):
+            why = f"a {kind} frame is not taken in state {self.turn_state.now.value!r}"
+            self.io.drop(frame, why)
+            return None
+        return self._handlers[kind](frame)
 
     def _say_stopped(self) -> None:
         """Tell the hospital its turn attempt is over, so it need not wait for its reply
@@ -283,57 +355,26 @@ class TurnServer:
         logger.warning("%s: %s", self._where(), refused)
         return refused
 
-    def _dispatch(self, frame: Frame) -> ServerOutcome | None:
-        kind, step = frame.meta.kind, frame.meta.step
-        if kind == FrameKind.REJOIN:
-            if self._rejoin_nonce(frame) == control.HELLO:
-                logger.info("%s: the hospital came back; starting a new handshake", self._where())
-                self._why_handshake = "the hospital came back"
-                # The weights hold every step before next_step (a step's update comes with
-                # its last exchange): keep them, so a hospital that stopped cleanly there
-                # need not go back further.
-                self._checkpoint()
-                self._handshake()
-            else:
-                self._drop(frame, "an answer to a handshake already done")
-            return None
-        if kind in _TRAINING_KINDS and not self.training_done:
-            if step == self.next_step:
-                self._train(frame)
-            elif step == self.next_step - 1 and self._answered:
-                self._answer_again(frame)
-            else:
-                self._drop(frame, f"step {step} is not the expected step {self.next_step}")
-            return None
-        if step != self.next_step or self._mid_step:
-            self._drop(frame, f"step {step} is not the expected step {self.next_step}")
-            return None
-        if kind == FrameKind.EVAL_ACTIVATIONS:
-            self._send(self._evaluate(frame))
-            self.next_step += 1
-            return None
-        if kind == FrameKind.METRICS:
-            try:
-                checks.check_metrics_step(frame, self.limits)
-                metrics = control.metric_values(frame)
-                checks.check_metrics(frame, metrics, self.limits)
-            except FrameRejected as e:
-                raise self._refused(e) from e
-            self._end_training()
-            self.hooks.finish(metrics, self.progress)
-            self._send(control.signal(self.ids, FrameKind.DONE, step))
-            logger.info("%s: turn completed at step %d", self._where(), step)
-            return ServerOutcome.COMPLETED
-        self._drop(frame, f"a {kind} frame is not expected from a hospital here")
-        return None
-
     # -- the handshake ------------------------------------------------------------------
 
+    def _on_rejoin(self, frame: Frame) -> None:
+        if self._rejoin_nonce(frame) != control.HELLO:
+            self.io.drop(frame, "an answer to a handshake already done")
+            return
+        logger.info("%s: the hospital came back; starting a new handshake", self._where())
+        self._why_handshake = "the hospital came back"
+        # The weights hold every step before next_step (a step's update comes with its
+        # last exchange): keep them, so a hospital that stopped cleanly there need not go
+        # back further.
+        self.checkpoints.save(self.next_step - 1)
+        self._handshake()
+
     def _handshake(self) -> None:
+        self.turn_state.to(ServerState.HANDSHAKE)
         self.nonce = control.new_nonce()
         self._send(control.sync(self.ids, self.nonce))
         while True:
-            frame = self._next_frame(at_boundary=True)
+            frame = self._next_frame()
             nonce = self._rejoin_nonce(frame) if frame.meta.kind == FrameKind.REJOIN else None
             if nonce == control.HELLO:
                 # A hospital (re)starting, which may have missed the sync: ask again.
@@ -341,13 +382,13 @@ class TurnServer:
                 self._send(control.sync(self.ids, self.nonce))
                 continue
             if nonce is None or nonce != self.nonce:
-                self._drop(frame, "waiting for the hospital to answer the handshake")
+                self.io.drop(frame, "waiting for the hospital to answer the handshake")
                 continue
             try:
                 offered = control.snapshot_steps(frame)
             except FrameRejected as e:
                 raise self._refused(e) from e
-            held = set(self.store.steps())
+            held = set(self.checkpoints.store.steps())
             common = [s for s in offered if s - 1 in held]
             if not common:
                 raise TurnFailed(
@@ -371,13 +412,10 @@ class TurnServer:
             raise self._refused(e) from e
 
     def _restore(self, start: int) -> None:
-        data = self.store.load(start - 1)
-        import_parties(data, {SERVER_PARTY: self.party})
+        self.checkpoints.restore(start)
         self.role = self._new_role()
         self.next_step = start
-        self.saved_through = start - 1
-        self.training_done = False
-        self._mid_step = False
+        self.turn_state.to(ServerState.TRAINING)
         # A fresh role holds no answer to re-send: a frame of step start - 1 now would
         # be computed and applied again, so it is dropped instead.
         self._answered = False
@@ -385,7 +423,7 @@ class TurnServer:
         self.progress.samples = start * self.batch_size
 
     def _new_role(self) -> ServerRole:
-        return get_mode(self.ids.mode).server_role(
+        return self.mode.server_role(
             self.party,
             self.split,
             job=self.ids.job,
@@ -396,8 +434,18 @@ class TurnServer:
 
     # -- steps --------------------------------------------------------------------------
 
+    def _on_training(self, frame: Frame) -> None:
+        step = frame.meta.step
+        if step == self.next_step:
+            self._train(frame)
+        elif step == self.next_step - 1 and self._answered:
+            self._answer_again(frame)
+        else:
+            self.io.drop(frame, f"step {step} is not the expected step {self.next_step}")
+
     def _train(self, frame: Frame) -> None:
-        if self._mid_step and frame.meta.kind == FrameKind.ACTIVATIONS:
+        mid_step = self.turn_state.now == ServerState.MID_STEP
+        if mid_step and frame.meta.kind == FrameKind.ACTIVATIONS:
             self._answer_again(frame)  # U-shaped: the first exchange of this step, again
             return
         if frame.meta.kind == FrameKind.ACTIVATIONS:
@@ -415,135 +463,122 @@ class TurnServer:
         self._send(reply)
         self._answered = True
         if reply.meta.kind != FrameKind.GRADIENTS:  # U-shaped: the step's first exchange
-            self._mid_step = True
+            self.turn_state.to(ServerState.MID_STEP)
             return
-        self._mid_step = False
+        self.turn_state.to(ServerState.TRAINING)
         self.next_step += 1
         self.progress.steps = self.next_step
         self.progress.samples += self._step_samples
         if LOSS in reply.tensors:
             self.progress.loss = float(reply.tensors[LOSS])
         self.hooks.progress(self.progress)
-        if self.next_step % self.checkpoint_every == 0:
-            self._checkpoint()
+        if self.checkpoints.policy.due(self.next_step):
+            self.checkpoints.save(self.next_step - 1)
 
     def _answer_again(self, frame: Frame) -> None:
         """The hospital sent the latest step again (it lost the answer): same answer."""
         try:
             reply = self.role.handle(frame)
         except ProtocolError as e:
-            self._drop(frame, str(e))
+            self.io.drop(frame, str(e))
             return
         self._send(reply)
 
-    def _evaluate(self, frame: Frame) -> Frame:
-        """Checks a validation batch, ends training (the first one), runs the segment on
-        it in eval mode, learning nothing, and checks what came out."""
-        spec = FrameSpec(
-            kind=FrameKind.EVAL_ACTIVATIONS, tensors=boundary_spec(self.split.boundaries[0])
-        )
+    def _at_next_step(self, frame: Frame) -> bool:
+        if frame.meta.step == self.next_step:
+            return True
+        self.io.drop(frame, f"step {frame.meta.step} is not the expected step {self.next_step}")
+        return False
+
+    def _on_eval(self, frame: Frame) -> None:
+        """A validation batch: checked, its first one ends training, run through the
+        segment in eval mode by the mode (learning nothing), answered."""
+        if not self._at_next_step(frame):
+            return
         try:
-            index = checks.check_eval_step(frame, self.limits)
-            checks.conforms(frame, spec)
-            checks.check_eval_batch(frame, checks.batch_of(frame), self.limits, index)
-            checks.check_finite(frame)
+            tensors = self.mode.eval_outputs(
+                frame, party=self.party, split=self.split, limits=self.limits
+            )
         except FrameRejected as e:
             raise self._refused(e) from e
         self._end_training()
-        module = self.party.module
-        with eval_mode([module]), torch.no_grad():
-            out = module(**dict(frame.tensors))
-        tensors = dict(out) if isinstance(out, Mapping) else {LOGITS: out}
+        self._send(self.ids.frame(FrameKind.EVAL_OUTPUTS, frame.meta.step, tensors))
+        self.next_step += 1
+
+    def _on_metrics(self, frame: Frame) -> ServerOutcome | None:
+        if not self._at_next_step(frame):
+            return None
         try:
-            checks.check_computed(frame, {f"output {n!r}": t for n, t in tensors.items()})
+            checks.check_metrics_step(frame, self.limits)
+            metrics = control.metric_values(frame)
+            checks.check_metrics(frame, metrics, self.limits)
         except FrameRejected as e:
             raise self._refused(e) from e
-        return self.ids.frame(FrameKind.EVAL_OUTPUTS, frame.meta.step, tensors)
+        self._end_training()
+        self.hooks.finish(metrics, self.progress)
+        self._send(control.signal(self.ids, FrameKind.DONE, frame.meta.step))
+        self.turn_state.to(ServerState.COMPLETED)
+        logger.info("%s: turn completed at step %d", self._where(), frame.meta.step)
+        return ServerOutcome.COMPLETED
 
     def _end_training(self) -> None:
-        if not self.training_done:
-            self.training_done = True
-            self._checkpoint()
-
-    def _checkpoint(self) -> None:
-        last = self.next_step - 1
-        if last == BASE or self.saved_through == last:
-            return
-        self.store.save(last, export_parties({SERVER_PARTY: self.party}))
-        self.saved_through = last
-        self.progress.checkpoints.append(last)
+        if self.turn_state.now == ServerState.TRAINING:
+            self.turn_state.to(ServerState.VALIDATING)
+            self.checkpoints.save(self.next_step - 1)
 
     def _interrupted(self, directive: Directive) -> ServerOutcome:
         if directive == Directive.PAUSE:
-            self._checkpoint()
+            self.checkpoints.save(self.next_step - 1)
             self._send(control.signal(self.ids, FrameKind.PAUSED, self.next_step))
+            self.turn_state.to(ServerState.PAUSED)
             logger.info("%s: paused before step %d", self._where(), self.next_step)
             return ServerOutcome.PAUSED
         self._send(control.signal(self.ids, FrameKind.STOPPED, self.next_step))
+        self.turn_state.to(ServerState.STOPPED)
         logger.info("%s: stopped before step %d", self._where(), self.next_step)
         return ServerOutcome.STOPPED
 
     # -- frames -------------------------------------------------------------------------
 
-    def _next_frame(self, *, at_boundary: bool) -> Frame:
-        """The next frame of this turn from the hospital; frames of other turns are dropped."""
-        silent_since = time.monotonic()
-        relay_error = ""
-        while True:
-            if at_boundary:
-                directive = self.hooks.directive()
-                if directive != Directive.RUN:
-                    raise _Interrupted(directive)
-            waited = time.monotonic() - silent_since
-            if waited >= self.silence_timeout:
-                raise HospitalSilent(
-                    f"{self.sender} sent nothing for {waited:.1f} s "
-                    f"(silence timeout {self.silence_timeout:g} s){relay_error}"
-                )
-            wait = min(self.poll_interval, self.silence_timeout - waited)
-            try:
-                payload = self.channel.receive(self.streams.up, timeout=max(wait, 0.01))
-            except ChannelTimeout:
-                continue
-            except RelayAbuse as e:
-                # The hospital's doing, not the relay's: no waiting for a hello here.
-                raise RelayOverused(f"{self.sender} put too much on the relay: {e}") from e
-            except ChannelError as e:
-                # Redis away, or frames lost on the stream: the hospital's next hello (or
-                # the silence timeout) decides; the loss itself is logged, never ignored.
-                logger.warning("%s: relay: %s", self._where(), e)
-                relay_error = f"; last relay error: {e}"
-                time.sleep(min(self.poll_interval, 1.0))
-                continue
-            self.progress.bytes_up += len(payload)
-            try:
-                frame = decode_frame(payload, max_bytes=self.max_frame_bytes)
-            except FrameError as e:
-                rejection = FrameRejected(checks.WELL_FORMED, f"bytes that are not a frame: {e}")
-                raise self._refused(rejection) from e
-            if self.ids.owns(frame):
-                self.progress.saw("up", frame)
-                return frame
-            self._drop(frame, "it belongs to another turn")
-            silent_since = time.monotonic()
+    def _next_frame(self) -> Frame:
+        """The next frame of this turn from the hospital; the directive is asked between
+        steps (never in the middle of one)."""
+        try:
+            frame = self.io.next_frame(
+                silence_timeout=self.silence_timeout,
+                poll=self.poll_interval,
+                interrupted=self._directive,
+                silent=self._silent,
+                wait_out_relay_errors=True,
+            )
+        except RelayAbuse as e:
+            # The hospital's doing, not the relay's: no waiting for a hello here.
+            raise RelayOverused(f"{self.sender} put too much on the relay: {e}") from e
+        except FrameRejected as e:
+            raise self._refused(e) from e
+        finally:
+            self.progress.bytes_up = self._bytes_before[0] + self.io.counters.bytes_in
+        assert frame is not None  # _directive raises rather than say "interrupted"
+        self.progress.saw("up", frame)
+        return frame
+
+    def _directive(self) -> bool:
+        if self.turn_state.now != ServerState.MID_STEP:
+            directive = self.hooks.directive()
+            if directive != Directive.RUN:
+                raise _Interrupted(directive)
+        return False
+
+    def _silent(self, waited: float, relay_error: str) -> HospitalSilent:
+        return HospitalSilent(
+            f"{self.sender} sent nothing for {waited:.1f} s "
+            f"(silence timeout {self.silence_timeout:g} s){relay_error}"
+        )
 
     def _send(self, frame: Frame) -> None:
-        payload = encode_frame(frame, max_bytes=self.max_frame_bytes)
-        self.channel.send(self.streams.down, payload)
+        self.io.send(frame)
         self.progress.saw("down", frame)
-        self.progress.bytes_down += len(payload)
-
-    def _drop(self, frame: Frame, why: str) -> None:
-        m = frame.meta
-        logger.info(
-            "%s: dropped a %s frame (round %d, turn %d, step %d): %s",
-            self._where(),
-            m.kind,
-            m.round,
-            m.turn,
-            m.step,
-            why,
-        )
+        self.progress.bytes_down = self._bytes_before[1] + self.io.counters.bytes_out
 
     def _where(self) -> str:
         return f"job {self.ids.job} round {self.ids.round} turn {self.ids.position}"

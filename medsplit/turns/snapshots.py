@@ -2,39 +2,17 @@
 server (or the hospital itself) restarts.
 
 A snapshot "before step s" is the hospital's whole training state when it has applied
-every step before ``s``, as :func:`medsplit.protocol.handoff.export_parties` bytes.
-The snapshot before step 0 (the hand-off the turn started from) is always kept, so a
-turn can always start over.
+every step before ``s``. The snapshot before step 0 (the hand-off the turn started from)
+is always kept, so a turn can always start over. Where they live is a
+:class:`~medsplit.turns.stores.StateStore`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
-from medsplit.turns.checkpoints import CheckpointError
+from medsplit.turns.stores import StateStore, StoreError
 
 
-class SnapshotStore(ABC):
-    """Where one turn's snapshots live."""
-
-    @abstractmethod
-    def steps(self) -> list[int]:
-        """Steps before which a snapshot is held."""
-
-    @abstractmethod
-    def load(self, step: int) -> bytes:
-        """The snapshot before ``step``.
-
-        Raises:
-            CheckpointError: none is held.
-        """
-
-    @abstractmethod
-    def save(self, step: int, data: bytes) -> None:
-        """Keep ``data`` as the state before ``step``; keeps step 0 and the latest few."""
-
-
-class MemorySnapshots(SnapshotStore):
+class MemorySnapshots(StateStore):
     """Snapshots in memory: step 0 and the last ``keep`` others."""
 
     def __init__(self, *, keep: int = 2) -> None:
@@ -48,7 +26,7 @@ class MemorySnapshots(SnapshotStore):
         try:
             return self._held[step]
         except KeyError:
-            raise CheckpointError(f"no snapshot before step {step}") from None
+            raise StoreError(f"no snapshot before step {step}") from None
 
     def save(self, step: int, data: bytes) -> None:
         self._held[step] = bytes(data)

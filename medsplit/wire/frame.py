@@ -53,10 +53,12 @@ __all__ = [
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 #: Metadata key of the format marker, and the only version this code reads and writes.
+#: Version 2 names the hospital's place in its round ``position`` (version 1 called the
+#: same number ``turn``); a frame of another version is refused, naming both versions.
 FORMAT_KEY = "medsplit.frame"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 
-_ID_FIELDS = ("round", "turn", "step")
+_ID_FIELDS = ("round", "position", "step")
 _TENSORS_KEY = "tensors"
 _META_KEYS = frozenset({FORMAT_KEY, "job", *_ID_FIELDS, "kind", "mode", "codec", _TENSORS_KEY})
 
@@ -126,12 +128,14 @@ def _coerce_enum(enum: type[StrEnum], value: object, what: str) -> Any:
 
 @dataclass(frozen=True)
 class FrameMeta:
-    """Where a frame belongs: job, round, turn and step, what it carries, how it is coded.
+    """Where a frame belongs: job, round, the hospital's position and step, what it
+    carries, how it is coded.
 
     Args:
         job: the job id, 1 to 128 characters of ``[A-Za-z0-9_.:-]``.
         round: round number, an int in ``[0, 2**63)``.
-        turn: turn number within the job, same range.
+        position: the hospital's position in the round (its turn's place, not a count
+            of turns in the job), same range.
         step: step number within the turn, same range.
         kind: a :class:`FrameKind` or its value.
         mode: the mode's name (:data:`MODE_NAME_RE`; the registry is
@@ -144,7 +148,7 @@ class FrameMeta:
 
     job: str
     round: int
-    turn: int
+    position: int
     step: int
     kind: FrameKind
     mode: str
@@ -343,7 +347,7 @@ def encode_frame(frame: Frame, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> b
         FORMAT_KEY: FORMAT_VERSION,
         "job": meta.job,
         "round": str(meta.round),
-        "turn": str(meta.turn),
+        "position": str(meta.position),
         "step": str(meta.step),
         "kind": meta.kind.value,
         "mode": meta.mode,
@@ -439,7 +443,8 @@ def _read_meta(metadata: Mapping[str, str]) -> tuple[FrameMeta, dict[str, torch.
         raise FrameError(f"not a MedSplit frame: metadata has no {FORMAT_KEY!r} marker")
     if version != FORMAT_VERSION:
         raise FrameError(
-            f"unsupported frame format version {version!r}; this code reads {FORMAT_VERSION!r}"
+            f"unsupported frame format version {version!r}; this code reads {FORMAT_VERSION!r} "
+            "only: the sender runs another MedSplit release, upgrade both sides to the same one"
         )
     missing = sorted(_META_KEYS - metadata.keys())
     if missing:
@@ -450,7 +455,7 @@ def _read_meta(metadata: Mapping[str, str]) -> tuple[FrameMeta, dict[str, torch.
     meta = FrameMeta(
         job=metadata["job"],
         round=_parse_id(metadata, "round"),
-        turn=_parse_id(metadata, "turn"),
+        position=_parse_id(metadata, "position"),
         step=_parse_id(metadata, "step"),
         kind=metadata["kind"],  # type: ignore[arg-type]  # FrameMeta coerces and checks
         mode=metadata["mode"],  # FrameMeta checks the name

@@ -27,7 +27,7 @@ from kernel.actors import Actor
 from medsplit.errors import RoundPlanError
 from medsplit.modes import StartFrom
 from medsplit.turns import Directive
-from medsplit.turns.checkpoints import CheckpointError, read_verified, write_atomic
+from medsplit.turns.stores import StoreError, read_verified, write_atomic
 from training.models import Job, ServerCheckpoint, Turn
 from training.plan import job_result, turn_start
 from training.services import turn_finish
@@ -260,7 +260,7 @@ def _combined_result(
     step 0), the place a further round's turns would start from.
 
     Raises:
-        CheckpointError: a checkpoint of the last group is gone or altered.
+        StoreError: a checkpoint of the last group is gone or altered.
         RoundPlanError: ``combine`` was not given though the mode combines.
     """
     if finished.round.index != job.rounds - 1:
@@ -283,7 +283,7 @@ def _combined_result(
     ]
     missing = [t.hospital.slug for t, row in zip(result.sources, ends, strict=True) if not row]
     if missing:
-        raise CheckpointError(
+        raise StoreError(
             f"the server checkpoints of the last group (the ends of the turns of "
             f"{', '.join(missing)}) are gone; the job's result cannot be made"
         )

@@ -28,7 +28,7 @@ from hospital_agent.data import (
     split_local,
     summary,
 )
-from medsplit.data import Split, synthetic_split
+from medsplit.data import DataSplit, synthetic_split
 from medsplit.errors import ConfigError, DataError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -396,7 +396,7 @@ def test_augmentation_off_by_default_and_deterministic() -> None:
 
 
 def test_flip_only_is_an_exact_mirror() -> None:
-    train = Split(torch.rand(6, 1, 5, 7), torch.zeros(6, dtype=torch.int64))
+    train = DataSplit(torch.rand(6, 1, 5, 7), torch.zeros(6, dtype=torch.int64))
     out = augment(train, AugmentConfig(flip_prob=1.0), epoch=0)
     assert torch.equal(out.images, train.images.flip(-1))
 

@@ -22,55 +22,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from medsplit.cutting import SplitModel
 from medsplit.modes import StartFrom
-from medsplit.modes.vanilla import VanillaClient, VanillaMode, VanillaServer
-from medsplit.protocol.checks import FrameLimits
-from medsplit.protocol.party import Party
-from medsplit.protocol.roles import LossFn
+from medsplit.modes.vanilla import VanillaMode
 
 NAME = "toyparallel"
 PATH = f"{__name__}:ToyParallel"
 
 
-class ToyClient(VanillaClient):
-    mode = NAME
-
-
-class ToyServer(VanillaServer):
-    mode = NAME
-
-
 class ToyParallel(VanillaMode):
-    """Vanilla's step; every hospital in one group; later rounds start from the mean."""
+    """Vanilla's step, whose roles take this mode's name from it (no role subclassed);
+    every hospital in one group; later rounds start from the mean."""
 
     name = NAME
     title = "Toy parallel"
     summary = "every hospital at once, each with its own server segment; then their mean"
-
-    def client_role(
-        self,
-        parties: Mapping[str, Party],
-        split: SplitModel,
-        *,
-        codec: str = "none",
-        loss_fn: LossFn | None = None,
-    ) -> ToyClient:
-        return ToyClient(front=parties["front"], boundary=split.boundaries[0], codec=codec)
-
-    def server_role(
-        self,
-        party: Party,
-        split: SplitModel,
-        *,
-        job: str,
-        codec: str = "none",
-        loss_fn: LossFn | None = None,
-        limits: FrameLimits | None = None,
-    ) -> ToyServer:
-        return ToyServer(
-            back=party, boundary=split.boundaries[0], job=job, loss_fn=loss_fn, codec=codec
-        )
 
     def plan_round(self, participants: Sequence[object]) -> list[tuple[object, ...]]:
         return [tuple(participants)]
@@ -110,8 +75,8 @@ def test_a_mode_from_the_configuration_runs_a_parallel_job_end_to_end(
     from medsplit.training.schedule import turn_batches
     from medsplit.training.setup import client_parties, server_party
     from medsplit.training.verify import deterministic
-    from medsplit.turns.checkpoints import read_verified
     from medsplit.turns.server import SERVER_PARTY
+    from medsplit.turns.stores import read_verified
     from tests.workers.agents import Agents, small_job, wait_completed
     from tests.workers.processes import workers_relay_user
     from training.models import ServerCheckpoint, Turn

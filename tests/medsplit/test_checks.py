@@ -35,7 +35,7 @@ LIMITS = FrameLimits(batch_size=4, num_classes=2, train_steps=3, val_samples=6)
 
 
 def meta(kind: FrameKind, step: int) -> FrameMeta:
-    return FrameMeta(job=JOB, round=0, turn=0, step=step, kind=kind, mode="vanilla")
+    return FrameMeta(job=JOB, round=0, position=0, step=step, kind=kind, mode="vanilla")
 
 
 def frame(kind: FrameKind = FrameKind.ACTIVATIONS, step: int = 0, **tensors) -> Frame:
@@ -214,7 +214,7 @@ def roles(mode: str, limits: FrameLimits | None = LIMITS):  # type: ignore[no-un
 
 
 def server_module(server) -> torch.nn.Module:  # type: ignore[no-untyped-def]
-    return (server.back if hasattr(server, "back") else server.middle).module
+    return (server.tail if hasattr(server, "tail") else server.middle).module
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:

@@ -238,7 +238,7 @@ def test_segments_reproduce_outputs_and_gradients_exactly(built, key: str) -> No
         for segment in split.segments[1:-1]:
             out = segment(**out)
             assert isinstance(out, dict)
-        assert torch.equal(split.back(**out), want)
+        assert torch.equal(split.tail(**out), want)
 
     # Train mode: every parameter's gradient bit for bit.
     model.train()
@@ -264,7 +264,7 @@ def test_gradients_exact_when_the_boundary_is_detached(built, key: str) -> None:
 
     sent = split.front(x)
     received = {k: v.detach().requires_grad_() for k, v in sent.items()}
-    _loss(split.back(**received)).backward()
+    _loss(split.tail(**received)).backward()
     torch.autograd.backward(list(sent.values()), [received[k].grad for k in sent])
     params = _split_params(split)
     for name, p in model.named_parameters():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medsplit.data import (
-    Split,
+    DataSplit,
     batch_order,
     iter_batches,
     label_counts,
@@ -257,13 +257,13 @@ def test_a_plain_pickle_file_is_refused_not_loaded(tmp_path: Path) -> None:
 )
 def test_split_checks_its_tensors(images: object, labels: object, message: str) -> None:
     with pytest.raises(DataError, match=message):
-        Split(images=images, labels=labels)  # type: ignore[arg-type]
+        DataSplit(images=images, labels=labels)  # type: ignore[arg-type]
 
 
-def _indexed(n: int) -> Split:
+def _indexed(n: int) -> DataSplit:
     """A split whose image i holds the value i, so pairing can be checked after shuffles."""
     ids = torch.arange(n)
-    return Split(images=ids.float().view(n, 1, 1, 1), labels=ids)
+    return DataSplit(images=ids.float().view(n, 1, 1, 1), labels=ids)
 
 
 # --- synthetic images ---
@@ -434,6 +434,6 @@ def test_iter_batches_checks_arguments_at_the_call() -> None:
 
 
 def test_label_counts() -> None:
-    split = Split(images=torch.zeros(5, 1, 2, 2), labels=torch.tensor([3, 0, 3, 3, 7]))
+    split = DataSplit(images=torch.zeros(5, 1, 2, 2), labels=torch.tensor([3, 0, 3, 3, 7]))
     assert label_counts(split) == {0: 1, 3: 3, 7: 1}
     assert list(label_counts(split)) == [0, 3, 7]

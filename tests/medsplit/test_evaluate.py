@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from medsplit.cutting import split_model
-from medsplit.data import Split, synthetic_split
+from medsplit.data import DataSplit, synthetic_split
 from medsplit.models import build_model
 from medsplit.training.evaluate import classification_metrics, evaluate, score
 
 
-def _model_and_data() -> tuple[torch.nn.Module, Split]:
+def _model_and_data() -> tuple[torch.nn.Module, DataSplit]:
     model = build_model("small_cnn", seed=0)
     return model, synthetic_split(40, shape=(1, 28, 28), seed=3)
 
@@ -46,7 +46,7 @@ def test_scoring_leaves_training_flags_and_weights_as_they_were() -> None:
 def test_an_empty_split_scores_no_samples() -> None:
     model, _ = _model_and_data()
     split = split_model(model, torch.zeros(2, 1, 28, 28), "pool1")
-    empty = Split(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
+    empty = DataSplit(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
     assert score(split.segments, empty) == {"val_samples": 0.0}
 
 

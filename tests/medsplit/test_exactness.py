@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from medsplit.data import Split, iter_batches, synthetic_split
+from medsplit.data import DataSplit, iter_batches, synthetic_split
 from medsplit.models import build_model
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
@@ -26,12 +26,14 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
 
 
-def shares(n: int, parts: int, *, shape: tuple[int, ...] = (1, 8, 8), seed: int = 1) -> list[Split]:
+def shares(
+    n: int, parts: int, *, shape: tuple[int, ...] = (1, 8, 8), seed: int = 1
+) -> list[DataSplit]:
     data = synthetic_split(n * parts, shape=shape, seed=seed)
-    return [Split(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
+    return [DataSplit(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
 
 
-def assert_exact(model: nn.Module, splits: list[Split], config: TrainingConfig) -> None:
+def assert_exact(model: nn.Module, splits: list[DataSplit], config: TrainingConfig) -> None:
     report = verify_split(model, splits, config)
     assert report.steps >= 20
     assert report.exact, f"{report.first_difference} differs by {report.max_abs_difference}"

@@ -53,7 +53,7 @@ metas = st.builds(
     FrameMeta,
     job=st.from_regex(r"[A-Za-z0-9_.:-]{1,128}", fullmatch=True),
     round=st.integers(0, 2**63 - 1),
-    turn=st.integers(0, 2**63 - 1),
+    position=st.integers(0, 2**63 - 1),
     step=st.integers(0, 2**63 - 1),
     kind=st.sampled_from(FrameKind),
     mode=st.sampled_from(["vanilla", "ushaped", "vertical", "splitfed"]),
@@ -155,7 +155,7 @@ def test_header_edits(codec: str, where: int, text: str) -> None:
     decode_or_frame_error(len(edited).to_bytes(8, "little") + edited + data[8 + size :])
 
 
-_FIELDS = [FORMAT_KEY, "job", "round", "turn", "step", "kind", "mode", "codec", "tensors"]
+_FIELDS = [FORMAT_KEY, "job", "round", "position", "step", "kind", "mode", "codec", "tensors"]
 _VALUES = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["1", "0", "-1", "activations", "vanilla", "none", "int8", "fp16", "{}"]),

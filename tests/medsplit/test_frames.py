@@ -30,7 +30,7 @@ def meta(**changes: object) -> FrameMeta:
     fields: dict[str, object] = {
         "job": "job-7",
         "round": 1,
-        "turn": 2,
+        "position": 2,
         "step": 3,
         "kind": FrameKind.ACTIVATIONS,
         "mode": "vanilla",
@@ -65,9 +65,10 @@ def craft(metadata: dict[str, str] | None, tensors: dict[str, torch.Tensor] | No
 # ---------------------------------------------------------------------------- round trips
 
 
-# What format version 1 writes, recorded when the mode field was an enum: the header as
-# JSON (safetensors writes the metadata's keys in no set order, so the bytes of the
-# header are compared as parsed) and the data section byte for byte.
+# What format version 2 writes: version 1's bytes (recorded when the mode field was an
+# enum) with the marker "2" and the field "position" where version 1 wrote "turn". The
+# header is compared as JSON (safetensors writes the metadata's keys in no set order) and
+# the data section byte for byte.
 GOLDEN = {
     ("vanilla", "none"): (
         {
@@ -89,7 +90,7 @@ GOLDEN = {
 
 
 @pytest.mark.parametrize(("mode", "codec"), sorted(GOLDEN))
-def test_the_bytes_of_format_1_are_unchanged(mode: str, codec: str) -> None:
+def test_the_bytes_of_format_2_are_unchanged(mode: str, codec: str) -> None:
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4
     frame = Frame(
         FrameMeta("job-7", 1, 2, 3, FrameKind.ACTIVATIONS, mode, codec),
@@ -103,15 +104,27 @@ def test_the_bytes_of_format_1_are_unchanged(mode: str, codec: str) -> None:
         "codec": codec,
         "job": "job-7",
         "kind": "activations",
-        FORMAT_KEY: "1",
+        FORMAT_KEY: "2",
         "mode": mode,
+        "position": "2",
         "round": "1",
         "step": "3",
         "tensors": '{"x":"float32","labels":"int64"}',
-        "turn": "2",
     }
     assert header == entries
     assert data[8 + size :].hex() == body
+
+
+def test_a_frame_of_format_1_is_refused_naming_both_versions() -> None:
+    """Version 1 called the position ``turn``: such a frame, complete and well formed in
+    its own version, is refused before any field is read, saying what to do."""
+    old = good_metadata(**{FORMAT_KEY: "1", "turn": "0"})
+    del old["position"]
+    with pytest.raises(
+        FrameError,
+        match=r"unsupported frame format version '1'; this code reads '2' only: .*upgrade",
+    ):
+        decode_frame(craft(old))
 
 
 @pytest.mark.parametrize("codec", ["none", "fp16", "bf16", "int8"])
@@ -288,7 +301,7 @@ def test_meta_coerces_kind_and_keeps_the_mode_name() -> None:
         ({"job": "job\n"}, r"job must be"),
         ({"job": 7}, r"job must be"),
         ({"round": -1}, r"round must not be negative"),
-        ({"turn": True}, r"turn must be an int, got bool"),
+        ({"position": True}, r"position must be an int, got bool"),
         ({"step": 1.0}, r"step must be an int, got float"),
         ({"step": 2**63}, r"step must be below 2\*\*63"),
         ({"kind": "weights"}, r"unknown frame kind 'weights'; known: activations"),
@@ -306,7 +319,7 @@ def test_meta_validation(changes: dict[str, object], message: str) -> None:
 
 
 def test_meta_accepts_its_limits() -> None:
-    meta(job="A-z_0.9:" + "x" * 120, round=0, turn=2**63 - 1)
+    meta(job="A-z_0.9:" + "x" * 120, round=0, position=2**63 - 1)
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -365,11 +378,11 @@ def test_plain_safetensors_is_not_a_frame() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({FORMAT_KEY: "2"}, r"unsupported frame format version '2'; this code reads '1'"),
+        ({FORMAT_KEY: "3"}, r"unsupported frame format version '3'; this code reads '2'"),
         ({"step": "three"}, r"'step' is not an integer: 'three'"),
         ({"round": "1.0"}, r"'round' is not an integer"),
-        ({"turn": " 1"}, r"'turn' is not an integer"),
-        ({"turn": "٣"}, r"'turn' is not an integer"),
+        ({"position": " 1"}, r"'position' is not an integer"),
+        ({"position": "٣"}, r"'position' is not an integer"),
         ({"round": "-1"}, r"round must not be negative"),
         ({"step": "9" * 20}, r"step must be below 2\*\*63"),
         ({"kind": "weights"}, r"unknown frame kind 'weights'"),
@@ -394,7 +407,7 @@ def test_bad_metadata_is_named(changes: dict[str, str], message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "field", ["job", "round", "turn", "step", "kind", "mode", "codec", "tensors"]
+    "field", ["job", "round", "position", "step", "kind", "mode", "codec", "tensors"]
 )
 def test_missing_metadata_field_is_named(field: str) -> None:
     metadata = good_metadata()
@@ -467,7 +480,7 @@ def test_expect_accepts_a_matching_frame_with_any_batch() -> None:
         labels=TensorSpec((None,), torch.int64),
     )
     assert decode_frame(data, expect=expected).meta.step == 3
-    assert decode_frame(data, expect=FrameSpec(kind="activations")).meta.turn == 2
+    assert decode_frame(data, expect=FrameSpec(kind="activations")).meta.position == 2
     assert decode_frame(data, expect=FrameSpec()).meta.round == 1
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from medsplit import cli
 from medsplit.channel import InMemoryChannel
 from medsplit.cutting import SplitModel, split_model
-from medsplit.data import Split, synthetic_split
+from medsplit.data import DataSplit, synthetic_split
 from medsplit.errors import ConfigError, ModeLoadError, RoundPlanError, UnknownModeError
 from medsplit.models import get_model_spec, model_names
 from medsplit.modes import (
@@ -33,10 +33,9 @@ from medsplit.modes import (
 )
 from medsplit.modes.ushaped import UShapedClient, UShapedServer
 from medsplit.modes.vanilla import VanillaClient, VanillaMode, VanillaServer
-from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.protocol.party import Party
-from medsplit.protocol.roles import LossFn, StepIds
+from medsplit.protocol.roles import StepIds
 from medsplit.training.config import TrainingConfig
 from medsplit.training.split_job import Hospital, SplitJob
 from medsplit.wire import FrameKind, decode_frame
@@ -47,45 +46,14 @@ SGD = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9)
 # ------------------------------------------------------------------------- a toy mode
 
 
-class ToyClient(VanillaClient):
-    mode = "toy"
-
-
-class ToyServer(VanillaServer):
-    mode = "toy"
-
-
 class ToyMode(VanillaMode):
     """Vanilla's step with a round of its own: every hospital in one parallel group, the
-    next round starting from the element-wise mean of their fronts."""
+    next round starting from the element-wise mean of their fronts. Its roles are
+    vanilla's, built by vanilla's hooks with this mode's name: none is subclassed."""
 
     name = "toy"
     title = "Toy"
     summary = "every hospital at once; the next round starts from the mean of their fronts"
-
-    def client_role(
-        self,
-        parties: Mapping[str, Party],
-        split: SplitModel,
-        *,
-        codec: str = "none",
-        loss_fn: LossFn | None = None,
-    ) -> ToyClient:
-        return ToyClient(front=parties["front"], boundary=split.boundaries[0], codec=codec)
-
-    def server_role(
-        self,
-        party: Party,
-        split: SplitModel,
-        *,
-        job: str,
-        codec: str = "none",
-        loss_fn: LossFn | None = None,
-        limits: FrameLimits | None = None,
-    ) -> ToyServer:
-        return ToyServer(
-            back=party, boundary=split.boundaries[0], job=job, loss_fn=loss_fn, codec=codec
-        )
 
     def plan_round(self, participants: Sequence[object]) -> list[tuple[object, ...]]:
         return [tuple(participants)]
@@ -224,6 +192,19 @@ def test_the_roles_come_from_the_mode_and_write_its_name(
     )
     assert frame.meta.mode == name and frame.meta.kind == FrameKind.ACTIVATIONS
     assert server_role.handle(frame).meta.mode == name
+
+
+def test_a_mode_reusing_anothers_roles_gives_them_its_own_name() -> None:
+    """ToyMode subclasses VanillaMode only: the roles its hooks build write "toy"."""
+    mode = ToyMode()
+    split = _split(("2",))
+    client_role = mode.client_role({"front": Party.create(split.front, SGD)}, split)
+    server_role = mode.server_role(Party.create(split.tail, SGD), split, job="job-1")
+    assert type(client_role) is VanillaClient and type(server_role) is VanillaServer
+    frame = client_role.start(
+        StepIds("job-1", 0, 0, 0), torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+    )
+    assert frame.meta.mode == "toy" and server_role.handle(frame).meta.mode == "toy"
 
 
 # ------------------------------------------------------------------- round-robin hooks
@@ -399,8 +380,8 @@ def test_a_loaded_mode_runs_a_job_through_the_interface(registry: dict[str, Spli
     load_extra_modes([f"{__name__}:ToyMode"])
     data = synthetic_split(32, shape=(1, 4, 4), seed=3)
     hospitals = [
-        Hospital("a", Split(data.images[::2], data.labels[::2])),
-        Hospital("b", Split(data.images[1::2], data.labels[1::2])),
+        Hospital("a", DataSplit(data.images[::2], data.labels[::2])),
+        Hospital("b", DataSplit(data.images[1::2], data.labels[1::2])),
     ]
     weights = {}
     for name in ("toy", "vanilla"):

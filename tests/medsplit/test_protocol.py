@@ -94,11 +94,11 @@ def test_a_re_sent_step_is_answered_again_and_applied_once() -> None:
     x, y = batch()
     frame = client.start(StepIds(JOB, 0, 0, 0), x, y)
     first = server.handle(frame)
-    after_first = weights(server.back.module)
+    after_first = weights(server.tail.module)
     again = server.handle(frame)
     assert again.tensors.keys() == first.tensors.keys()
     assert all(torch.equal(again.tensors[k], first.tensors[k]) for k in first.tensors)
-    assert unchanged(server.back.module, after_first)
+    assert unchanged(server.tail.module, after_first)
 
 
 def test_a_re_sent_step_with_other_contents_or_an_older_step_is_refused() -> None:
@@ -109,14 +109,14 @@ def test_a_re_sent_step_with_other_contents_or_an_older_step_is_refused() -> Non
     client.receive(server.handle(frame0))  # finish step 0 on the client
     frame1 = client.start(StepIds(JOB, 0, 0, 1), *batch(1))
     server.handle(frame1)
-    before = weights(server.back.module)
+    before = weights(server.tail.module)
     tampered = dict(frame1.tensors)
     tampered["block1"] = tampered["block1"] + 1
     with pytest.raises(ProtocolError, match="again with different contents"):
         server.handle(Frame(frame1.meta, tampered))
     with pytest.raises(ProtocolError, match="already applied step"):
         server.handle(frame0)
-    assert unchanged(server.back.module, before)
+    assert unchanged(server.tail.module, before)
 
 
 @pytest.mark.parametrize("resend", ["activations", "head_gradients"])
@@ -193,10 +193,10 @@ def test_labels_of_another_batch_size_are_refused() -> None:
     frame = client.start(StepIds(JOB, 0, 0, 0), x, y)
     tensors = dict(frame.tensors)
     tensors[LABELS] = torch.zeros(3, dtype=torch.int64)
-    before = weights(server.back.module)
+    before = weights(server.tail.module)
     with pytest.raises(ProtocolError, match=r"'batch size' check: tensors disagree"):
         server.handle(Frame(frame.meta, tensors))
-    assert unchanged(server.back.module, before)
+    assert unchanged(server.tail.module, before)
 
 
 def test_corrupt_or_ill_shaped_frames_fail_decoding_against_what_the_server_expects() -> None:
@@ -220,7 +220,7 @@ def run_one_step(model: nn.Module, cut: str, config: OptimizerConfig = SGD) -> t
     split = split_model(model, torch.zeros(2, 3), cut)
     front = Party.create(split.front, config)
     client = get_mode("vanilla").client_role({"front": front}, split)
-    server = get_mode("vanilla").server_role(Party.create(split.back, config), split, job=JOB)
+    server = get_mode("vanilla").server_role(Party.create(split.tail, config), split, job=JOB)
     channel = RecordingChannel()
     link = LocalLink(channel, session_keys().streams(JOB, "h"))
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])

@@ -245,7 +245,7 @@ def one_step(channel: Channel, job: str) -> dict[str, torch.Tensor]:
     split = split_model(model, torch.zeros(2, 16), "2")
     config = OptimizerConfig(name="sgd", lr=0.1)
     front = Party.create(split.front, config)
-    back = Party.create(split.back, config)
+    back = Party.create(split.tail, config)
     client = get_mode("vanilla").client_role({"front": front}, split)
     server = get_mode("vanilla").server_role(back, split, job="job-1")
     gen = torch.Generator().manual_seed(1)
@@ -255,7 +255,7 @@ def one_step(channel: Channel, job: str) -> dict[str, torch.Tensor]:
     )
     return {
         **{f"front.{k}": v for k, v in split.front.state_dict().items()},
-        **{f"back.{k}": v for k, v in split.back.state_dict().items()},
+        **{f"back.{k}": v for k, v in split.tail.state_dict().items()},
     }
 
 

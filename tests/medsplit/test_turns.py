@@ -11,8 +11,9 @@ from torch import nn
 
 from medsplit.channel import InMemoryChannel
 from medsplit.cutting import split_model
-from medsplit.data import Split, synthetic_split
+from medsplit.data import DataSplit, synthetic_split
 from medsplit.errors import ProtocolError
+from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
@@ -26,6 +27,15 @@ from medsplit.turns import (
     TurnIds,
     TurnServer,
     control,
+)
+from medsplit.turns.frameio import FrameIO
+from medsplit.turns.states import (
+    CLIENT_TRANSITIONS,
+    SERVER_TRANSITIONS,
+    ClientState,
+    ServerState,
+    TurnState,
+    TurnStateError,
 )
 from medsplit.wire import FrameKind, encode_frame
 from tests.medsplit.turn_harness import ScriptedHooks, run_over_relay
@@ -42,9 +52,9 @@ def mlp() -> nn.Module:
     )
 
 
-def shares(n: int, parts: int) -> list[Split]:
+def shares(n: int, parts: int) -> list[DataSplit]:
     data = synthetic_split(n * parts, shape=(1, 8, 8), seed=3)
-    return [Split(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
+    return [DataSplit(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
 
 
 def config_for(mode: str, **overrides) -> TrainingConfig:
@@ -61,7 +71,7 @@ def config_for(mode: str, **overrides) -> TrainingConfig:
     return TrainingConfig(**{**values, **overrides})
 
 
-def assert_equals_unsplit(job, model: nn.Module, splits: list[Split], config: TrainingConfig):
+def assert_equals_unsplit(job, model: nn.Module, splits: list[DataSplit], config: TrainingConfig):
     whole = train_unsplit(model, splits, config, job.split)
     got = job.state_dict()
     want = whole.state_dict()
@@ -339,3 +349,48 @@ def test_a_restarted_hospital_reports_the_loss_of_the_whole_turn_and_the_resume_
     assert finished[0]["train_loss"] == undisturbed[0]
     assert no_resumes == []
     assert resumes == [(2, "the hospital came back")]
+
+
+# -- the state tables and the frame I/O both sides share --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("table", "states"),
+    [(SERVER_TRANSITIONS, ServerState), (CLIENT_TRANSITIONS, ClientState)],
+)
+def test_every_state_is_in_its_sides_table_and_every_end_is_final(table, states) -> None:
+    assert set(table) == set(states)
+    assert all(to <= set(states) for to in table.values())
+    ends = {s for s in states if s.value in {"completed", "paused", "stopped", "failed"}}
+    assert all(not table[s] for s in ends)
+
+
+def test_an_illegal_transition_is_a_clear_turn_state_error() -> None:
+    state = TurnState(SERVER_TRANSITIONS, ServerState.STARTING, side="server")
+    state.to(ServerState.HANDSHAKE)
+    with pytest.raises(TurnStateError, match=r"server's side .* from 'handshake' to 'mid_step'"):
+        state.to(ServerState.MID_STEP)
+    assert state.now == ServerState.HANDSHAKE, "a refused transition changes nothing"
+    state.to(ServerState.TRAINING)
+    state.to(ServerState.COMPLETED)
+    with pytest.raises(TurnStateError, match=r"may go to: none \(a final state\)"):
+        state.to(ServerState.TRAINING)
+
+
+def test_frame_io_drops_and_counts_frames_of_another_turn() -> None:
+    channel = InMemoryChannel()
+    ids = TurnIds("job-io", 0, 1, "vanilla")
+    other = TurnIds("job-io", 0, 2, "vanilla")
+    io = FrameIO(channel, inbound="in", outbound="out", ids=ids)
+    channel.send("in", encode_frame(control.sync(other, 5)))
+    channel.send("in", encode_frame(control.sync(ids, 6)))
+    assert io.receive(0.1) is None
+    frame = io.receive(0.1)
+    assert frame is not None and control.nonce_of(frame) == 6
+    assert io.receive(0.05) is None, "nothing more: a timeout is None too"
+    assert (io.counters.frames_in, io.counters.dropped) == (2, 1)
+    size = io.send(control.sync(ids, 7))
+    assert (io.counters.frames_out, io.counters.bytes_out) == (1, size)
+    with pytest.raises(FrameRejected, match="not a frame"):
+        channel.send("in", b"garbage")
+        io.receive(0.1)

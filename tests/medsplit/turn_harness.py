@@ -14,7 +14,7 @@ import torch
 
 from medsplit.channel import Channel
 from medsplit.cutting import SplitModel, split_model
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
@@ -104,11 +104,11 @@ class RelayJob:
 
 def run_over_relay(
     model: torch.nn.Module,
-    splits: list[Split],
+    splits: list[DataSplit],
     config: TrainingConfig,
     channel: Channel,
     *,
-    vals: list[Split | None] | None = None,
+    vals: list[DataSplit | None] | None = None,
     hooks_for: Callable[[int, int], ScriptedHooks] | None = None,
     checkpoint_every: int = 3,
     timeout: float = 30.0,

@@ -48,8 +48,8 @@ from medsplit.turns import (
     TurnServer,
     control,
 )
-from medsplit.turns.checkpoints import read_verified
 from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.stores import read_verified
 from medsplit.wire import Frame, FrameKind
 from tests.redis_server import forget_jobs, session_keys
 from tests.workers.hospitals import Hospitals, local_data
@@ -75,10 +75,8 @@ class HostileClient(TurnClient):
 
     def __init__(self, *, tamper: Tamper, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.tamper = tamper
-
-    def _send(self, frame: Frame, report) -> None:  # type: ignore[no-untyped-def]
-        super()._send(self.tamper(frame), report)
+        honest = self.io.send  # every frame a side sends goes through its FrameIO
+        self.io.send = lambda frame: honest(tamper(frame))  # type: ignore[method-assign]
 
 
 def at(kind: FrameKind, step: int, change: Callable[[Frame], Frame]) -> Tamper:
@@ -286,7 +284,7 @@ def test_metrics_at_step_zero_do_not_complete_a_turn(runtime: str, make_job, adm
 
 def control_ids(frame: Frame) -> TurnIds:
     m = frame.meta
-    return TurnIds(m.job, m.round, m.turn, m.mode, m.codec)
+    return TurnIds(m.job, m.round, m.position, m.mode, m.codec)
 
 
 @platform

@@ -38,14 +38,14 @@ from hospital_agent.data import DataSource, load_local, prepare
 from hospitals import services as hospital_services
 from hospitals.models import Hospital
 from kernel.actors import Actor
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.protocol.handoff import import_parties
 from medsplit.training.reference import train_unsplit
 from medsplit.training.schedule import job_batches
 from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
-from medsplit.turns.checkpoints import read_verified
 from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.stores import read_verified
 from tests.workers.processes import (
     REPO,
     Processes,
@@ -393,7 +393,7 @@ class Agents:
             env=self.env[f"agent-{i}"],
         )
 
-    def trains(self, job: Job) -> list[Split]:
+    def trains(self, job: Job) -> list[DataSplit]:
         """Each hospital's training split, exactly as its agent reads and splits it."""
         model = job_model(job)
         splits = []

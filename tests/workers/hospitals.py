@@ -13,15 +13,15 @@ import torch
 
 from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
-from medsplit.data import Split, synthetic_split
+from medsplit.data import DataSplit, synthetic_split
 from medsplit.errors import ChannelError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.training.reference import train_unsplit
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns import ClientOutcome, ClientReport, MemorySnapshots, TurnClient, TurnIds
-from medsplit.turns.checkpoints import read_verified
 from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.stores import read_verified
 from training.models import Job
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
@@ -29,7 +29,7 @@ from workers.turn_runner import job_model
 logger = logging.getLogger(__name__)
 
 
-def report_sizes(job: Job, train: list[Split], val: list[Split | None]) -> None:
+def report_sizes(job: Job, train: list[DataSplit], val: list[DataSplit | None]) -> None:
     """Each participant reports its split sizes, as an agent's heartbeat would: the worker
     checks the hospital's frames against them (the turn's steps, the validation size)."""
     participants = job.participants.order_by("position").select_related("hospital")
@@ -42,7 +42,7 @@ def report_sizes(job: Job, train: list[Split], val: list[Split | None]) -> None:
         hospital.save(update_fields=["dataset_summary"])
 
 
-def local_data(job: Job, samples: int) -> list[Split]:
+def local_data(job: Job, samples: int) -> list[DataSplit]:
     """Each participant's own synthetic images, of the job's input shape."""
     described = job.job_description()
     shape = described.input_shape
@@ -63,8 +63,8 @@ class Hospitals:
 
     job: Job
     redis_url: str
-    train: list[Split]
-    val: list[Split | None]
+    train: list[DataSplit]
+    val: list[DataSplit | None]
     reply_timeout: float = 60.0
     client: Callable[..., TurnClient] = TurnClient
     go_on_when_stopped: bool = False
