@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="a MedMNIST .npz (default: synthetic images)")
-    parser.add_argument("--mode", choices=mode_names(), default=DEFAULT_MODE)
+    parser.add_argument("--mode", choices=mode_names(platform=True), default=DEFAULT_MODE)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--local-epochs", type=int, default=DEFAULT_LOCAL_EPOCHS)
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)

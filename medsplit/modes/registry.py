@@ -57,9 +57,10 @@ def get_mode(name: str) -> SplitMode:
     return mode
 
 
-def mode_names() -> list[str]:
-    """The registered modes' names, in registration order."""
-    return list(MODES)
+def mode_names(*, platform: bool = False) -> list[str]:
+    """The registered modes' names, in registration order; with ``platform``, only those
+    the platform runs (:attr:`SplitMode.runs_on_platform`)."""
+    return [name for name, mode in MODES.items() if mode.runs_on_platform or not platform]
 
 
 def mode_paths(text: str | None) -> list[str]:

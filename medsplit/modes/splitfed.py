@@ -65,22 +65,6 @@ _VANILLA = VanillaMode()
 _USHAPED = UShapedMode()
 
 
-class SplitFedVanillaClient(VanillaClient):
-    mode = NAME
-
-
-class SplitFedVanillaServer(VanillaServer):
-    mode = NAME
-
-
-class SplitFedUShapedClient(UShapedClient):
-    mode = NAME
-
-
-class SplitFedUShapedServer(UShapedServer):
-    mode = NAME
-
-
 class SplitFedMode(SplitMode):
     """Every hospital at once; their segments averaged by secure aggregation each round.
 
@@ -143,15 +127,16 @@ class SplitFedMode(SplitMode):
         loss_fn: LossFn | None = None,
     ) -> ClientRole:
         if self.label_side == Side.HOSPITAL:
-            return SplitFedUShapedClient(
+            return UShapedClient(
                 front=parties["front"],
                 head=parties["head"],
                 boundaries=(split.boundaries[0], split.boundaries[1]),
                 loss_fn=loss_fn,
                 codec=codec,
+                mode=self.name,
             )
-        return SplitFedVanillaClient(
-            front=parties["front"], boundary=split.boundaries[0], codec=codec
+        return VanillaClient(
+            front=parties["front"], boundary=split.boundaries[0], codec=codec, mode=self.name
         )
 
     def server_role(
@@ -165,20 +150,22 @@ class SplitFedMode(SplitMode):
         limits: FrameLimits | None = None,
     ) -> ServerRole:
         if self.label_side == Side.HOSPITAL:
-            return SplitFedUShapedServer(
+            return UShapedServer(
                 middle=party,
                 boundaries=(split.boundaries[0], split.boundaries[1]),
                 job=job,
                 codec=codec,
                 limits=limits,
+                mode=self.name,
             )
-        return SplitFedVanillaServer(
-            back=party,
+        return VanillaServer(
+            tail=party,
             boundary=split.boundaries[0],
             job=job,
             loss_fn=loss_fn,
             codec=codec,
             limits=limits,
+            mode=self.name,
         )
 
     def eval_logits(

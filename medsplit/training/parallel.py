@@ -22,7 +22,7 @@ import torch
 
 from medsplit.channel import Channel, RelayKeys
 from medsplit.cutting import SplitModel
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.errors import RoundPlanError
 from medsplit.modes import GroupServer, SplitMode, StartFrom
 from medsplit.modes.splitfed import combine_counts, split_state
@@ -49,7 +49,7 @@ class Hospital(Protocol):
     """What a round needs of a hospital (``split_job.Hospital`` is one)."""
 
     name: str
-    train: Split
+    train: DataSplit
 
 
 class RoundReport(Protocol):

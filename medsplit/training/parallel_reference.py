@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from medsplit.cutting import SplitModel
-from medsplit.data import Split
+from medsplit.data import DataSplit
 from medsplit.modes import GroupServer, StartFrom
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn
@@ -28,7 +28,7 @@ from medsplit.training.schedule import turn_batches, turn_length
 
 def train_parallel_unsplit(
     model: torch.nn.Module,
-    splits: Sequence[Split],
+    splits: Sequence[DataSplit],
     config: TrainingConfig,
     split: SplitModel,
     *,

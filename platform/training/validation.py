@@ -237,6 +237,13 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
 
     # The mode, for the participants' feature sets; the description names an unknown one.
     mode = MODES.get(values.get("mode", ""))
+    if mode is not None and not mode.runs_on_platform:
+        errors.add(
+            "mode",
+            f"{mode.name} mode does not run on the platform yet (it needs its secure "
+            f"aggregation through the relay); run it in process with "
+            f"`medsplit simulate --mode {mode.name}` or `medsplit verify --mode {mode.name}`",
+        )
     participants = _check_participants(values, mode, errors)
     shape = _common_shape(participants, errors) if participants else None
     spatial_dims, in_channels = _check_dims(values, shape, errors)

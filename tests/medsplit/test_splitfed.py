@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from medsplit.cli import main
-from medsplit.data import Split, synthetic_split
+from medsplit.data import DataSplit, synthetic_split
 from medsplit.errors import ConfigError
 from medsplit.modes import GroupServer, ModeOption, get_mode
 from medsplit.modes.splitfed import SplitFedMode, weighted_average
@@ -44,11 +44,11 @@ def mlp() -> nn.Module:
     )
 
 
-def hospital_splits(sizes: tuple[int, ...] = SIZES) -> list[Split]:
+def hospital_splits(sizes: tuple[int, ...] = SIZES) -> list[DataSplit]:
     data = synthetic_split(sum(sizes), shape=(1, 8, 8), seed=4)
     out, start = [], 0
     for n in sizes:
-        out.append(Split(data.images[start : start + n], data.labels[start : start + n]))
+        out.append(DataSplit(data.images[start : start + n], data.labels[start : start + n]))
         start += n
     return out
 

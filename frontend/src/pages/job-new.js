@@ -184,7 +184,7 @@ export async function render(root) {
     return null;
   }
 
-  const [models, modes, codecs, optimizers, hospitalsRaw] = await Promise.all([
+  const [models, allModes, codecs, optimizers, hospitalsRaw] = await Promise.all([
     api("models/"),
     api("modes/"),
     api("codecs/"),
@@ -203,6 +203,9 @@ export async function render(root) {
   );
   const modelHelp = el("p", { class: "help" });
   // The registry's first mode is the default a job gets when it does not say.
+  // A mode the platform does not run yet (runs_on_platform false: in process only) is
+  // not offered; the coordinator would refuse its job.
+  const modes = allModes.filter((m) => m.runs_on_platform !== false);
   const modeByName = new Map(modes.map((m) => [m.name, m]));
   const mode = select("mode", modes.map((m) => [m.name, m.title]), modes[0]?.name);
   const currentMode = () => modeByName.get(mode.value);

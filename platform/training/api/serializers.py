@@ -507,6 +507,10 @@ class ModeSerializer(serializers.Serializer):
     )
     segments = ModeSegmentSerializer(many=True)
     options = ModeOptionSerializer(many=True)
+    runs_on_platform = serializers.BooleanField(
+        help_text="whether the coordinator accepts this mode's jobs yet (false: it runs in "
+        "process only, with `medsplit simulate` and `medsplit verify`)"
+    )
 
 
 class CodecSerializer(serializers.Serializer):

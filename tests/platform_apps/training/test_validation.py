@@ -73,11 +73,6 @@ def test_a_mode_not_registered_is_refused_with_the_known_ones(job_data, mode) ->
     assert details["mode"] == [f"unknown mode {mode!r}; known modes: vanilla, ushaped, splitfed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the coordinator's refusal of a mode whose runs_on_platform is False is not "
-    "wired yet (platform/training/validation.py, job_spec_validate)",
-)
 def test_a_mode_the_platform_does_not_run_yet_is_refused(job_data) -> None:
     details = refused(job_data(mode="splitfed"))
     assert "does not run on the platform" in details["mode"][0]
