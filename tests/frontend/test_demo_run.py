@@ -97,21 +97,29 @@ def test_while_it_runs_a_hospital_in_its_turn_shows_so_in_the_job_row_and_the_ta
 ) -> None:
     page = open_overview
     job = _job_id(demo)
-    row = page.get_by_test_id(f"job-row-{job}")
-    expect(row).to_contain_text("in its turn", timeout=30_000)
-    # One snapshot of both (they are drawn from one read), the same hospital in each.
-    seen = page.evaluate(
-        """(job) => ({
-          row: document.querySelector(`[data-testid=job-row-${job}]`)?.innerText || "",
-          table: [...document.querySelectorAll(
-            '[data-testid=overview-hospitals] [data-testid^=in-turn-]')]
-            .map((e) => e.dataset.testid.slice('in-turn-'.length)),
-        })""",
-        job,
-    )
+    # One snapshot of both (drawn from one read), taken once the row names a turn: the
+    # same hospital in its turn in each, and its row in the table not "idle".
+    seen = page.wait_for_function(
+        """(job) => {
+          const row = document.querySelector(`[data-testid=job-row-${job}]`)?.innerText || "";
+          if (!row.includes("in its turn")) return null;
+          const table = document.querySelector("[data-testid=overview-hospitals]");
+          const inTurn = [...table.querySelectorAll("[data-testid^=in-turn-]")].map(
+            (e) => e.dataset.testid.slice("in-turn-".length));
+          const rows = Object.fromEntries(
+            [...table.querySelectorAll("[data-testid^=hospital-row-]")].map(
+              (e) => [e.dataset.testid.slice("hospital-row-".length), e.innerText]),
+          );
+          return { row, inTurn, rows };
+        }""",
+        arg=job,
+        timeout=30_000,
+    ).json_value()
     in_row = [slug for name, slug in HOSPITALS.items() if f"{name} in its turn" in seen["row"]]
-    assert len(in_row) == 1 and seen["table"] == in_row, seen
-    assert "idle" not in page.get_by_test_id(f"hospital-row-{in_row[0]}").inner_text()
+    assert len(in_row) == 1 and seen["inTurn"] == in_row, seen
+    assert "idle" not in seen["rows"][in_row[0]], seen
+    others = [slug for slug in HOSPITALS.values() if slug != in_row[0]]
+    assert all("in its turn" not in seen["rows"][slug] for slug in others), seen
     screenshot(page, "demo-overview-in-turn")
 
 
