@@ -123,7 +123,9 @@ def test_while_it_runs_a_hospital_in_its_turn_shows_so_in_the_job_row_and_the_ta
     screenshot(page, "demo-overview-in-turn")
 
 
-def test_while_it_runs_the_time_left_is_an_estimate(page, demo: DemoRun) -> None:
+def test_while_it_runs_the_time_left_is_an_estimate_and_the_last_loss_a_number(
+    page, demo: DemoRun
+) -> None:
     page.goto(f"/#/jobs/{_job_id(demo)}")
     eta = page.get_by_test_id("job-eta")
     expect(eta).to_have_text(re.compile(r"^about \d+ (s|min)$"), timeout=30_000)
@@ -131,7 +133,8 @@ def test_while_it_runs_the_time_left_is_an_estimate(page, demo: DemoRun) -> None
         re.compile(r"\d+ steps to go at [0-9.]+ steps/s")
     )
     assert "unknown" not in eta.locator("xpath=..").inner_text()
-    expect(page.get_by_test_id("job-state")).to_have_text(re.compile("running", re.I))
+    # U-shaped: the loss the hospitals report, not "–".
+    expect(page.get_by_test_id("job-loss")).to_have_text(re.compile(r"^\d+\.\d{4}$"))
     screenshot(page, "demo-job-running")
 
 
