@@ -113,6 +113,18 @@ function totalsOverTime(pointsByTurn) {
   });
 }
 
+// Time left waits for this much progress: a turn's first steps are slow (the hand-off,
+// warm-up), and a rate over a few seconds of them overstates the time left several-fold.
+const ESTIMATE_AFTER_S = 10;
+
+/** Seconds of progress the rate is measured over (at most RATE_WINDOW_S). */
+function rateSpan(totals) {
+  if (totals.length < 2) return 0;
+  const last = totals[totals.length - 1].time;
+  const first = totals.find((t) => last - t.time <= RATE_WINDOW_S * 1000) || totals[0];
+  return Math.max(0, (last - first.time) / 1000);
+}
+
 /** RATE_TEXT: steps in the last RATE_WINDOW_S s of progress, per second (null: too few). */
 function stepRate(totals) {
   if (totals.length < 2) return null;
@@ -594,7 +606,9 @@ export async function render(root, [id], session) {
     sBytes.value.textContent = `${bytes(totals.bytes_up)} / ${bytes(totals.bytes_down)}`;
     sBytes.sub.textContent = session.me?.role === "hospital_admin" ? "over your hospital's turns so far" : "over every turn so far";
 
-    const rate = stepRate(totalsOverTime(pointsByTurn));
+    const totals = totalsOverTime(pointsByTurn);
+    const rate = stepRate(totals);
+    const measured = rateSpan(totals);
     sRate.value.textContent = rate ? rate.toFixed(rate < 10 ? 2 : 1) : "–";
     sRate.sub.textContent = rate ? RATE_TEXT : `not measured yet (${RATE_TEXT})`;
 
@@ -629,6 +643,9 @@ export async function render(root, [id], session) {
       }
       if (remaining === 0) {
         left = "0 s";
+      } else if (rate && measured < ESTIMATE_AFTER_S) {
+        left = "estimating…";
+        leftSub = `${whole.format(remaining)} steps to go; the speed is measured over ${Math.round(measured)} s so far (an estimate after ${ESTIMATE_AFTER_S} s)`;
       } else if (rate) {
         left = `about ${duration(remaining / rate)}`;
         leftSub = `${whole.format(remaining)} steps to go at ${rate.toFixed(2)} steps/s`;
