@@ -606,9 +606,9 @@ export async function render(root, [id], session) {
     sBytes.value.textContent = `${bytes(totals.bytes_up)} / ${bytes(totals.bytes_down)}`;
     sBytes.sub.textContent = session.me?.role === "hospital_admin" ? "over your hospital's turns so far" : "over every turn so far";
 
-    const totals = totalsOverTime(pointsByTurn);
-    const rate = stepRate(totals);
-    const measured = rateSpan(totals);
+    const progress = totalsOverTime(pointsByTurn);
+    const rate = stepRate(progress);
+    const measured = rateSpan(progress);
     sRate.value.textContent = rate ? rate.toFixed(rate < 10 ? 2 : 1) : "–";
     sRate.sub.textContent = rate ? RATE_TEXT : `not measured yet (${RATE_TEXT})`;
 
