@@ -437,19 +437,29 @@ def turn_record_hospital_loss(*, turn: Turn, step: int, loss: float) -> Turn:
     a second older than the point. The agent sends its reports one after another, from one
     thread, so they arrive in step order.
 
+    A point the worker stored at this very step before the report arrived (the turn's last
+    step, above all: the agent reports it at once, but a short turn may be completed by
+    then) takes the loss too, so that every turn's curve ends on its own last loss. A
+    completed turn takes nothing else.
+
     Raises:
-        Conflict: the turn is not running.
+        Conflict: the turn is not running, and no point of it at ``step`` waits for a loss.
     """
     value = float(loss) if math.isfinite(loss) else None
     with transaction.atomic():
         locked = Turn.objects.select_for_update().get(pk=turn.pk)
-        if locked.status != Turn.Status.RUNNING:
+        waiting = locked.metric_points.filter(step=step, loss__isnull=True)
+        late = locked.status == Turn.Status.COMPLETED and waiting.exists()
+        if locked.status != Turn.Status.RUNNING and not late:
             raise Conflict(
                 f"turn {locked.pk} is {locked.status}; its loss is taken only while it runs",
                 details={"status": locked.status},
             )
-        locked.last_loss = value
-        locked.save(update_fields=["last_loss"])
+        if value is not None:
+            waiting.update(loss=value)
+        if locked.status == Turn.Status.RUNNING or step >= locked.steps:
+            locked.last_loss = value
+            locked.save(update_fields=["last_loss"])
     return locked
 
 

@@ -83,13 +83,14 @@ class DeployedRelay:
     def hospital(self, slug: str, keys: RelayKeys) -> redis.Redis:
         """Provision ``slug``'s user with the coordinator's provisioner; connect as it."""
         password = secrets.token_urlsafe(32)
+        username = relay_username(slug, keys)  # under the keys' prefix, like its keys
         with override_prefix(keys.prefix):
             RedisAclUsers(self.admin_url).provision(
-                username=relay_username(slug),
+                username=username,
                 password_sha256=hashlib.sha256(password.encode()).hexdigest(),
                 slug=slug,
             )
-        return redis.Redis.from_url(self.url_for(relay_username(slug), password), socket_timeout=5)
+        return redis.Redis.from_url(self.url_for(username, password), socket_timeout=5)
 
 
 def override_prefix(prefix: str):

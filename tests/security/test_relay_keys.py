@@ -121,7 +121,7 @@ def test_no_hospital_reaches_a_key_of_another(
         for client in clients.values():
             client.close()
         for slug in pair:
-            admin.execute_command("ACL", "DELUSER", relay_username(slug))
+            admin.execute_command("ACL", "DELUSER", relay_username(slug, keys))
         for key in admin.scan_iter(match=keys.deployment_pattern()):
             admin.delete(key)
         admin.close()
@@ -152,7 +152,7 @@ def test_a_hospital_still_uses_its_own_keys_and_nothing_else(
         other.close()
         admin = deployed_relay.admin()
         for slug in ("north", "south"):
-            admin.execute_command("ACL", "DELUSER", relay_username(slug))
+            admin.execute_command("ACL", "DELUSER", relay_username(slug, keys))
         for key in admin.scan_iter(match=keys.deployment_pattern()):
             admin.delete(key)
         admin.close()

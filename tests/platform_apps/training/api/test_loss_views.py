@@ -110,6 +110,35 @@ def test_a_ushaped_agent_reports_its_loss_and_the_dashboard_gets_it(
     )
 
 
+def test_a_late_report_of_the_last_step_ends_the_turns_curve(
+    admin, agent_client, hospital_a, make_job
+) -> None:
+    """A short turn may be completed before its hospital's report of the last step
+    arrives: the worker's final point at that step takes it, and nothing else does."""
+    job = make_job(mode="ushaped", cuts=["pool1", "pool"], rounds=1)
+    Job.objects.filter(pk=job.pk).update(state="scheduled")
+    job = services.job_start(job=job)
+    turn = services.turn_start_next(job=job)
+    url = f"/api/agent/assignments/{job.pk}/progress/"
+    agent = agent_client(hospital_a)
+    for step in (1, 2):
+        services.turn_record_progress(
+            turn=turn, steps=step, samples=16 * step, bytes_up=1, bytes_down=1, loss=None,
+            final=True,
+        )  # fmt: skip
+    services.turn_finish(turn=turn, metrics={})
+    answer = agent.post(url, {"turn": turn.pk, "step": 2, "loss": 0.25}, format="json")
+    assert answer.status_code == 200, answer.content
+    body = admin.get(f"/api/jobs/{job.pk}/loss-series/").json()
+    assert body["series"][0]["points"] == [[2, pytest.approx(0.25)]]
+    assert admin.get(f"/api/jobs/{job.pk}/status/").json()["last_loss"] == pytest.approx(0.25)
+    # The point is filled once; a second late report, or one of a step with no point
+    # waiting, is refused.
+    again = {"turn": turn.pk, "step": 2, "loss": 0.5}
+    error(agent.post(url, again, format="json"), 409, "conflict")
+    error(agent.post(url, {**again, "step": 3}, format="json"), 409, "conflict")
+
+
 def test_a_hospitals_loss_is_refused_where_the_server_computes_it(
     agent_client, hospital_a, make_job
 ) -> None:
