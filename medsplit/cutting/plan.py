@@ -10,6 +10,7 @@ import torch
 from torch import fx
 
 from medsplit.cutting.profile import NodeProfile
+from medsplit.cutting.recompute import is_shape_read, number_slice
 from medsplit.cutting.trace import module_path_stack, owned_state
 from medsplit.errors import CutError
 
@@ -49,6 +50,12 @@ class SplitPlan:
     module's output is named after the module (``features_denseblock1``), any other
     tensor after the graph node that made it. ``state_names[i]`` holds the parameter and
     buffer names of segment ``i``.
+
+    ``recomputed[i]`` lists the numbers read from shapes (``n = x.shape[0]``) that
+    segment ``i`` uses but an earlier segment computed: segment ``i`` computes them again
+    (:mod:`medsplit.cutting.recompute`), from ``read_shapes``: per shape read in their
+    computation, the shape of the tensor read and whether its first dimension is the
+    batch.
     """
 
     cuts: tuple[str, ...]
@@ -57,6 +64,8 @@ class SplitPlan:
     crossings: tuple[tuple[fx.Node, ...], ...]
     wire_names: tuple[tuple[str, ...], ...]
     state_names: tuple[frozenset[str], ...]
+    recomputed: tuple[tuple[fx.Node, ...], ...] = ()
+    read_shapes: dict[fx.Node, tuple[tuple[int, ...], bool]] | None = None
 
     @property
     def num_segments(self) -> int:
@@ -118,6 +127,8 @@ def plan_split(
 
     from_input, through_weights = _lineage(gm, nodes)
     crossings: list[list[fx.Node]] = [[] for _ in cuts]
+    recomputed: list[dict[fx.Node, None]] = [{} for _ in range(last + 1)]
+    read_shapes: dict[fx.Node, tuple[tuple[int, ...], bool]] = {}
     for node in nodes:
         if node.op == "output":
             continue
@@ -136,17 +147,24 @@ def plan_split(
                 f"weight {node.target!r} is used on both sides of {where}; "
                 "shared weights cannot be split"
             )
+        profile = profiles.get(node)
+        if profile is None or profile.shape is None:
+            reads = _shape_reads(node, profiles, batch_size, from_input)
+            if reads is None:
+                raise CutError(
+                    f"value {node.name!r}{source_of(node)} crossing {where} is not a tensor, "
+                    "nor a number computed from shapes; only tensors can be sent. Cut before "
+                    "or after the code that computes it."
+                )
+            read_shapes.update(reads)
+            for seg in later:
+                recomputed[seg][node] = None
+            continue
         if later != [here + 1]:
             raise CutError(
                 f"tensor {node.name!r} from segment {here} is used in segment {later[-1]}, "
                 f"skipping segment {here + 1}; choose cuts so that every skip connection "
                 "lands in the next segment"
-            )
-        profile = profiles.get(node)
-        if profile is None or profile.shape is None:
-            raise CutError(
-                f"value {node.name!r} crossing {where} is not a tensor; only tensors can "
-                "be sent. Cut before or after the code that computes it."
             )
         if not profile.shape or profile.shape[0] != batch_size:
             raise CutError(
@@ -185,7 +203,47 @@ def plan_split(
         crossings=tuple(tuple(c) for c in crossings),
         wire_names=wire_names,
         state_names=tuple(frozenset(s) for s in state),
+        recomputed=tuple(tuple(r) for r in recomputed),
+        read_shapes=read_shapes,
     )
+
+
+def _shape_reads(
+    node: fx.Node,
+    profiles: dict[fx.Node, NodeProfile],
+    batch_size: int,
+    from_input: dict[fx.Node, bool],
+) -> dict[fx.Node, tuple[tuple[int, ...], bool]] | None:
+    """For a number computed from shapes, each shape read's tensor shape and whether its
+    first dimension is the batch (the tensor comes from the input, batch first)."""
+    nodes = number_slice(node)
+    if nodes is None:
+        return None
+    reads = {}
+    for read in (n for n in nodes if is_shape_read(n)):
+        tensor = read.args[0]
+        profile = profiles.get(tensor) if isinstance(tensor, fx.Node) else None
+        if profile is None or profile.shape is None:
+            return None
+        batch_first = bool(profile.shape) and profile.shape[0] == batch_size
+        reads[read] = (profile.shape, batch_first and from_input[tensor])
+    return reads
+
+
+def source_of(node: fx.Node) -> str:
+    """`` (from file.py:12, `n = x.shape[0]`)`` where the trace recorded it, else ``""``."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return ""
+    lines = [line.strip() for line in str(trace).strip().splitlines()]
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith("File "):
+            where = lines[index].split(",")
+            file = where[0].removeprefix("File ").strip('"').rsplit("/", 1)[-1]
+            line = where[1].strip().removeprefix("line ") if len(where) > 1 else "?"
+            code = lines[index + 1] if index + 1 < len(lines) else ""
+            return f" (from {file}:{line}, `{code}`)"
+    return ""
 
 
 def _lineage(
@@ -201,7 +259,12 @@ def _lineage(
     through: dict[fx.Node, bool] = {}
     for node in nodes:
         parents = node.all_input_nodes
-        has_weights = any(isinstance(t, torch.nn.Parameter) for t in owned_state(gm, node).values())
+        # A layer reads its weights itself (fx's call_module), or as get_attr inputs
+        # (an exported graph's aten.conv2d).
+        read = [node, *(p for p in parents if p.op == "get_attr")]
+        has_weights = any(
+            isinstance(t, torch.nn.Parameter) for n in read for t in owned_state(gm, n).values()
+        )
         from_input[node] = node.op == "placeholder" or any(from_input[p] for p in parents)
         through[node] = has_weights or all(through[p] for p in parents if from_input[p])
         if node.op == "placeholder":
@@ -256,3 +319,30 @@ def boundary_of(
         assert p.shape is not None and p.dtype is not None  # plan_split checked it
         out.append(BoundaryTensor(name, p.shape[1:], p.dtype))
     return tuple(out)
+
+
+def check_modes_agree(
+    plans: dict[bool, SplitPlan], profiles: dict[bool, dict[fx.Node, NodeProfile]]
+) -> None:
+    """Refuse cuts where training and evaluation mode would send different tensors, or
+    keep a weight on different sides."""
+    train, evaluation = plans[True], plans[False]
+    for i, cut in enumerate(train.cuts):
+        sent = {
+            mode: [(profiles[mode][n].shape, profiles[mode][n].dtype) for n in p.crossings[i]]
+            for mode, p in plans.items()
+        }
+        if sent[True] != sent[False]:
+            raise CutError(
+                f"different tensors cross cut {cut!r} in training mode "
+                f"({len(sent[True])}: {', '.join(train.wire_names[i])}) and in evaluation "
+                f"mode ({len(sent[False])}: {', '.join(evaluation.wire_names[i])}): a "
+                "`self.training` branch spans the cut; cut before or after it"
+            )
+    for seg, names in enumerate(evaluation.state_names):
+        moved = sorted(names - train.state_names[seg])
+        if moved:
+            raise CutError(
+                f"weight {moved[0]!r} is used in segment {seg} in evaluation mode but not in "
+                "training mode: a `self.training` branch spans the cut; cut before or after it"
+            )

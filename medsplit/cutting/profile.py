@@ -26,28 +26,36 @@ class NodeProfile:
 
 
 class _ProfilingInterpreter(fx.Interpreter):
-    def __init__(self, module: fx.GraphModule) -> None:
+    def __init__(self, module: fx.GraphModule, *, flops: bool) -> None:
         super().__init__(module)
         self.profiles: dict[fx.Node, NodeProfile] = {}
+        self.flops = flops
 
     def run_node(self, n: fx.Node) -> object:
+        if not self.flops:
+            return self._record(n, super().run_node(n), 0)
         # One counter per node gives per-node FLOPs, so prefix sums price every cut at once.
         with FlopCounterMode(display=False) as counter:
             out = super().run_node(n)
+        return self._record(n, out, counter.get_total_flops())
+
+    def _record(self, n: fx.Node, out: object, flops: int) -> object:
         if isinstance(out, torch.Tensor):
-            self.profiles[n] = NodeProfile(tuple(out.shape), out.dtype, counter.get_total_flops())
+            self.profiles[n] = NodeProfile(tuple(out.shape), out.dtype, flops)
         else:
-            self.profiles[n] = NodeProfile(None, None, counter.get_total_flops())
+            self.profiles[n] = NodeProfile(None, None, flops)
         return out
 
 
 def profile_graph(
-    gm: fx.GraphModule, example_input: tuple[torch.Tensor, ...]
+    gm: fx.GraphModule, example_input: tuple[torch.Tensor, ...], *, flops: bool = True
 ) -> dict[fx.Node, NodeProfile]:
     """Run ``gm`` once in eval mode without gradients and profile every node.
 
-    Eval mode keeps batch-norm running statistics untouched; every module's own
-    training flag is restored afterwards.
+    Eval mode keeps batch-norm running statistics untouched (an exported graph, whose
+    modes are fixed, has its buffers and the random stream restored instead); every
+    module's own training flag is restored afterwards. With ``flops=False`` only
+    shapes are recorded (FLOPs read 0), several times faster.
 
     Raises:
         CutError: the model does not run on the example (say, an image too small for it).
@@ -57,10 +65,11 @@ def profile_graph(
         convolutions (2 per multiply-add); element-wise work is not counted.
     """
     flags = {m: m.training for m in gm.modules()}
+    buffers = {name: b.clone() for name, b in gm.named_buffers()}
     gm.eval()
-    interpreter = _ProfilingInterpreter(gm)
+    interpreter = _ProfilingInterpreter(gm, flops=flops)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             interpreter.run(*example_input)
     except Exception as e:  # the model's own checks raise anything, torch._assert included
         shapes = ", ".join(str(list(t.shape)) for t in example_input)
@@ -71,6 +80,9 @@ def profile_graph(
     finally:
         for module, flag in flags.items():
             module.training = flag
+        with torch.no_grad():
+            for name, b in gm.named_buffers():
+                b.copy_(buffers[name])
     return interpreter.profiles
 
 

@@ -9,9 +9,18 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from medsplit.cutting.plan import BoundaryTensor, SplitPlan, boundary_of, plan_split
+from medsplit.cutting.check import check_split
+from medsplit.cutting.plan import (
+    BoundaryTensor,
+    SplitPlan,
+    boundary_of,
+    check_modes_agree,
+    plan_split,
+)
 from medsplit.cutting.profile import as_example_inputs, profile_graph
-from medsplit.cutting.trace import trace
+from medsplit.cutting.recompute import is_shape_read, read_kind, shape_read
+from medsplit.cutting.segment import Segment
+from medsplit.cutting.trace import Traced, trace_modes
 from medsplit.errors import CutError
 
 #: What the segments are called, by their number: the names say where a segment sits in
@@ -34,16 +43,16 @@ class SplitModel:
         boundaries: for each cut, the crossing tensors described per sample.
     """
 
-    segments: tuple[fx.GraphModule, ...]
+    segments: tuple[Segment, ...]
     cuts: tuple[str, ...]
     boundaries: tuple[tuple[BoundaryTensor, ...], ...]
 
     @property
-    def front(self) -> fx.GraphModule:
+    def front(self) -> Segment:
         return self.segments[0]
 
     @property
-    def tail(self) -> fx.GraphModule:
+    def tail(self) -> Segment:
         """The last segment, the one that ends in the model's output: the server's with
         one cut (vanilla), the hospital's head with two (U-shaped)."""
         return self.segments[-1]
@@ -60,24 +69,33 @@ def split_model(
     model: torch.nn.Module,
     example_input: torch.Tensor | Sequence[torch.Tensor],
     cuts: str | Sequence[str],
+    *,
+    tracer: str | None = None,
 ) -> SplitModel:
     """Cut ``model`` after each named submodule; the model itself is left untouched.
 
     Args:
-        model: any module ``torch.fx`` can trace (``nn.Sequential``, MONAI networks, ...).
+        model: any module ``torch.fx`` can trace, or ``torch.export`` can export at
+            ``example_input`` (MONAI's ViT, SwinUNETR, EfficientNet, ...).
         example_input: a batch-first input (or tuple of inputs) of the shape training uses.
         cuts: one submodule name (two segments), or two (three: front, middle, head).
+        tracer: ``"torch.fx"`` or ``"torch.export"`` to use only that one (by default
+            fx, and export where fx fails).
 
     Returns:
         The segments, their crossing tensors, and the cut names.
 
     Raises:
-        CutError: the model cannot be traced or cut there; the message says why.
+        CutError: the model cannot be traced or cut there, or the segments would not
+            compute what the model computes in training or in evaluation mode; the
+            message says why.
 
     Note:
-        Like any ``torch.fx`` trace, Python code in ``forward`` runs once, at cut time:
-        a read of ``self.training`` there (``F.dropout(x, p, self.training)``) is frozen
-        into the segments. Use modules (``nn.Dropout``) for train/eval differences.
+        Each segment holds a graph traced in training mode and one traced in evaluation
+        mode (:class:`~medsplit.cutting.segment.Segment`), so ``self.training`` reads,
+        dropout, drop-connect and batch-norm statistics behave as in the model, and
+        :func:`~medsplit.cutting.check.check_split` compares the split with the model in
+        both modes, on the same random stream, before it is returned.
     """
     if not isinstance(model, torch.nn.Module):
         raise CutError(f"expected a torch.nn.Module to cut, got {type(model).__name__}")
@@ -90,13 +108,26 @@ def split_model(
     model_name = type(model).__name__
     names = tuple(canonical_name(model, name) for name in requested)
 
-    gm = trace(model)
-    profiles = profile_graph(gm, inputs)
-    plan = plan_split(gm, names, profiles, model_name=model_name, batch_size=inputs[0].shape[0])
-    segments = build_segments(gm, plan, class_prefix=model_name)
-    boundaries = tuple(boundary_of(plan, i, profiles) for i in range(len(names)))
+    traced = trace_modes(model, inputs, tracer=tracer)
+    batch = inputs[0].shape[0]
+    train, evaluation = traced.graphs[True], traced.graphs[False]
+    profiles = {True: profile_graph(train, inputs)}
+    plans = {
+        True: plan_split(train, names, profiles[True], model_name=model_name, batch_size=batch)
+    }
+    if evaluation is train:
+        profiles[False], plans[False] = profiles[True], plans[True]
+    else:
+        # Only shapes: the cut table prices the training graph.
+        profiles[False] = profile_graph(evaluation, inputs, flops=False)
+        plans[False] = plan_split(
+            evaluation, names, profiles[False], model_name=model_name, batch_size=batch
+        )
+        check_modes_agree(plans, profiles)
+    segments = build_segments(traced, plans, class_prefix=model_name)
+    boundaries = tuple(boundary_of(plans[True], i, profiles[True]) for i in range(len(names)))
     split = SplitModel(segments=segments, cuts=requested, boundaries=boundaries)
-    _check_reproduces(gm, split, inputs)
+    check_split(traced.owned, split, inputs)
     return split
 
 
@@ -117,34 +148,79 @@ def canonical_name(model: torch.nn.Module, name: str) -> str:
 
 
 def build_segments(
-    gm: fx.GraphModule, plan: SplitPlan, *, class_prefix: str
-) -> tuple[fx.GraphModule, ...]:
-    """Build one GraphModule per segment of ``plan``; they share modules with ``gm``."""
-    nodes = list(gm.graph.nodes)
-    labels = SEGMENT_NAMES[plan.num_segments]
+    traced: Traced, plans: dict[bool, SplitPlan], *, class_prefix: str
+) -> tuple[Segment, ...]:
+    """Build the segments of ``plans`` (one per training mode); they share the traced
+    copy's parameters and buffers. Crossing tensors take the training plan's names."""
+    wire_names = plans[True].wire_names
+    labels = SEGMENT_NAMES[plans[True].num_segments]
     segments = []
-    for seg in range(plan.num_segments):
-        graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
-        lookup = env.__getitem__
-        if seg > 0:
-            incoming = zip(plan.crossings[seg - 1], plan.wire_names[seg - 1], strict=True)
-            for node, name in incoming:
-                env[node] = graph.placeholder(name)
-        for node in nodes:
-            if plan.partition[node] != seg or node.op == "output":
-                continue
-            env[node] = graph.node_copy(node, lookup)
-        if seg < plan.num_segments - 1:
-            outgoing = zip(plan.crossings[seg], plan.wire_names[seg], strict=True)
-            graph.output({name: env[node] for node, name in outgoing})
-        else:
-            graph.node_copy(nodes[-1], lookup)
-        _copy_inputs_changed_in_place(graph, gm)
-        graph.lint()
+    for seg in range(plans[True].num_segments):
+        graphs = {True: _segment_graph(traced.graphs[True], plans[True], seg, wire_names)}
+        same = traced.graphs[False] is traced.graphs[True]
+        graphs[False] = (
+            graphs[True]
+            if same
+            else _segment_graph(traced.graphs[False], plans[False], seg, wire_names)
+        )
         name = f"{class_prefix}{labels[seg].capitalize()}"
-        segments.append(fx.GraphModule(gm, graph, class_name=name))
+        segments.append(Segment(traced.graphs, graphs, class_name=name))
     return tuple(segments)
+
+
+def _segment_graph(
+    gm: fx.GraphModule, plan: SplitPlan, seg: int, wire_names: tuple[tuple[str, ...], ...]
+) -> fx.Graph:
+    nodes = list(gm.graph.nodes)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    if seg > 0:
+        incoming = zip(plan.crossings[seg - 1], wire_names[seg - 1], strict=True)
+        for node, name in incoming:
+            env[node] = graph.placeholder(name)
+    for node in plan.recomputed[seg] if plan.recomputed else ():
+        _recompute(graph, env, node, plan, reference=env[plan.crossings[seg - 1][0]])
+    for node in nodes:
+        if plan.partition[node] != seg or node.op == "output":
+            continue
+        env[node] = graph.node_copy(node, env.__getitem__)
+    if seg < plan.num_segments - 1:
+        outgoing = zip(plan.crossings[seg], wire_names[seg], strict=True)
+        graph.output({name: env[node] for node, name in outgoing})
+    else:
+        graph.node_copy(nodes[-1], env.__getitem__)
+    _copy_inputs_changed_in_place(graph, gm)
+    for node in graph.nodes:
+        # Fake tensors of an export would only weigh on every copy of the segment.
+        node.meta = {k: v for k, v in node.meta.items() if k in _KEPT_META}
+    graph.lint()
+    return graph
+
+
+_KEPT_META = ("nn_module_stack", "stack_trace")
+
+
+def _recompute(
+    graph: fx.Graph,
+    env: dict[fx.Node, fx.Node],
+    node: fx.Node,
+    plan: SplitPlan,
+    *,
+    reference: fx.Node,
+) -> fx.Node:
+    """Compute ``node``, a number read from shapes, again in this segment."""
+    if node in env:
+        return env[node]
+    if is_shape_read(node):
+        assert plan.read_shapes is not None  # plan_split filled it for every such read
+        shape, batch_first = plan.read_shapes[node]
+        what, dim = read_kind(node)
+        env[node] = graph.call_function(shape_read, (reference, shape, batch_first, what, dim))
+        return env[node]
+    for parent in node.all_input_nodes:
+        _recompute(graph, env, parent, plan, reference=reference)
+    env[node] = graph.node_copy(node, env.__getitem__)
+    return env[node]
 
 
 _IN_PLACE_OPERATORS = {
@@ -156,7 +232,11 @@ _IN_PLACE_OPERATORS = {
 
 def _changes_in_place(node: fx.Node, gm: fx.GraphModule) -> bool:
     """Whether ``node`` writes into its first input (``ReLU(inplace=True)``, ``x.add_()``,
-    ``x += y``, ``F.relu(x, inplace=True)``)."""
+    ``x += y``, ``F.relu(x, inplace=True)``, ``aten.relu_``)."""
+    if isinstance(node.target, torch._ops.OpOverload):
+        arguments = node.target._schema.arguments
+        alias = arguments[0].alias_info if arguments else None
+        return alias is not None and alias.is_write
     if node.op == "call_module":
         return bool(getattr(gm.get_submodule(str(node.target)), "inplace", False))
     if node.op == "call_method":
@@ -193,33 +273,3 @@ def _copy_inputs_changed_in_place(graph: fx.Graph, gm: fx.GraphModule) -> None:
         with graph.inserting_after(placeholders[-1]):
             copy = graph.call_method("clone", (placeholder,))
         placeholder.replace_all_uses_with(copy, delete_user_cb=lambda user, c=copy: user is not c)
-
-
-def _check_reproduces(
-    gm: fx.GraphModule, split: SplitModel, inputs: tuple[torch.Tensor, ...]
-) -> None:
-    """Refuse a split whose segments do not compute what the whole model computes."""
-    flags = {m: m.training for m in gm.modules()}
-    gm.eval()
-    try:
-        with torch.no_grad():
-            whole = gm(*inputs)
-            parts = split.forward(*inputs)
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
-    if not _same(whole, parts):
-        raise CutError(
-            f"the segments cut at {list(split.cuts)} do not reproduce the model's output; "
-            "the model may draw random numbers or keep hidden state in forward"
-        )
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b

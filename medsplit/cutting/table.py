@@ -8,9 +8,15 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import fx
 
-from medsplit.cutting.plan import BoundaryTensor, boundary_of, cut_position, plan_split
+from medsplit.cutting.plan import (
+    BoundaryTensor,
+    boundary_of,
+    check_modes_agree,
+    cut_position,
+    plan_split,
+)
 from medsplit.cutting.profile import NodeProfile, as_example_inputs, profile_graph
-from medsplit.cutting.trace import module_path_stack, trace
+from medsplit.cutting.trace import module_path_stack, trace, trace_modes
 from medsplit.errors import CutError
 
 
@@ -73,8 +79,13 @@ def cut_table(
     *,
     candidates: Sequence[str] | None = None,
     max_depth: int = 2,
+    tracer: str | None = None,
 ) -> list[CutInfo]:
     """Price every valid cut of ``model`` at the shape of ``example_input``.
+
+    The model is traced as :func:`~medsplit.cutting.split.split_model` traces it
+    (``torch.fx``, else ``torch.export``), and priced in training mode, the mode it is
+    trained in; a cut is valid only where both modes send the same tensors.
 
     By default a candidate is kept when the cut is valid (see ``split_model``) and both
     sides hold parameters: a front without weights would send what is in effect the raw
@@ -86,14 +97,20 @@ def cut_table(
         example_input: a batch-first example; figures are divided by its batch size.
         candidates: names to price; by default, submodules up to ``max_depth`` deep.
         max_depth: how deep to look for candidate submodules.
+        tracer: ``"torch.fx"`` or ``"torch.export"`` to use only that one.
 
     Returns:
         One ``CutInfo`` per valid cut, in forward order.
     """
     inputs = as_example_inputs(example_input)
     batch = inputs[0].shape[0]
-    gm = trace(model)
+    traced = trace_modes(model, inputs, tracer=tracer)
+    gm = traced.train
     profiles = profile_graph(gm, inputs)
+    evaluation = None
+    if traced.graphs[False] is not gm:
+        other = traced.graphs[False]
+        evaluation = (other, profile_graph(other, inputs, flops=False))
     names = list(candidates) if candidates is not None else candidate_cuts(gm, max_depth=max_depth)
     total_params = sum(p.numel() for p in gm.parameters())
     params = dict(gm.named_parameters())
@@ -103,6 +120,10 @@ def cut_table(
     for name in names:
         try:
             plan = plan_split(gm, (name,), profiles, model_name=model_name, batch_size=batch)
+            if evaluation is not None:
+                graph, shapes = evaluation
+                other = plan_split(graph, (name,), shapes, model_name=model_name, batch_size=batch)
+                check_modes_agree({True: plan, False: other}, {True: profiles, False: shapes})
         except CutError:
             if candidates is not None:
                 raise

@@ -1,37 +1,150 @@
-"""Trace a model into a torch.fx graph and read facts off its nodes."""
+"""Trace a model into torch.fx graphs, one per training mode, and read facts off their nodes.
+
+``torch.fx.symbolic_trace`` is tried first: its graph calls the model's own layers, so
+it reads like the model. What it cannot trace (``len()`` of a shape, a NumPy array made
+from a shape, einops' patterns) goes through ``torch.export`` instead
+(:mod:`medsplit.cutting.export`), whose graph is made of ATen operators over the same
+parameters, under the same names.
+"""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch.fx.proxy import TraceError
 
+from medsplit.cutting.diagnose import Stop, diagnose
+from medsplit.cutting.export import export_graph
 from medsplit.errors import CutError
+
+FX = "torch.fx"
+EXPORT = "torch.export"
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A model's graphs, by training flag, over one copy of its parameters.
+
+    Attributes:
+        graphs: ``{True: traced in training mode, False: traced in evaluation mode}``;
+            both read the same parameter and buffer objects.
+        tracer: ``"torch.fx"`` or ``"torch.export"``.
+        owned: the copy of the model whose parameters and buffers the graphs read.
+        fx_stop: why ``symbolic_trace`` was not used (``None`` when it was).
+
+    Where the forward pass reads ``self.training`` nowhere outside leaf modules, fx
+    gives the same graph in both modes, and ``graphs`` holds that one graph twice.
+    """
+
+    graphs: dict[bool, fx.GraphModule]
+    tracer: str
+    owned: torch.nn.Module
+    fx_stop: Stop | None = None
+
+    @property
+    def train(self) -> fx.GraphModule:
+        """The graph traced in training mode: the one the cut table describes."""
+        return self.graphs[True]
+
+
+def trace_modes(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], *, tracer: str | None = None
+) -> Traced:
+    """Trace a deep copy of ``model`` in training and in evaluation mode.
+
+    Args:
+        model: the model; it is never modified.
+        inputs: a batch-first example (``torch.export`` needs one).
+        tracer: ``"torch.fx"`` or ``"torch.export"`` to use only that one; by default
+            fx, and export where fx fails.
+
+    Raises:
+        CutError: neither tracer can follow the forward pass; the message names the
+            module and line where each stopped, and the kind of construct.
+    """
+    owned = _own(model)
+    fx_stop = None
+    if tracer in (None, FX):
+        try:
+            graphs = {mode: _symbolic(owned, mode) for mode in (True, False)}
+            if graphs[True].code == graphs[False].code:
+                graphs[False] = graphs[True]
+            return Traced(graphs, FX, owned)
+        except Exception as e:  # fx raises plain errors for many unsupported constructs
+            fx_stop = diagnose(e, owned)
+            # Export would stop at the same branch, only later.
+            if tracer == FX or fx_stop.data_dependent:
+                raise CutError(_cannot(model, [(FX, fx_stop)])) from e
+    owned = _own(model)  # fx may have left attributes behind on a failed trace
+    try:
+        graphs = {mode: _exported(owned, inputs, mode) for mode in (True, False)}
+    except CutError:
+        raise
+    except Exception as e:  # export's own errors come in many classes
+        stops = [(FX, fx_stop)] if fx_stop is not None else []
+        raise CutError(_cannot(model, [*stops, (EXPORT, diagnose(e, owned))])) from e
+    return Traced(graphs, EXPORT, owned, fx_stop)
 
 
 def trace(model: torch.nn.Module) -> fx.GraphModule:
-    """Symbolically trace a deep copy of ``model``; the user's model is never touched.
+    """Symbolically trace a deep copy of ``model`` as it is (no example needed).
 
     Raises:
-        CutError: the forward pass cannot be traced, typically because Python control
-            flow depends on tensor values (``if x.sum() > 0:``), which no static cut
-            can honour.
+        CutError: ``torch.fx`` cannot trace it (the message says where and why).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise CutError(f"expected a torch.nn.Module to cut, got {type(model).__name__}")
-    owned = copy.deepcopy(model)
+    owned = _own(model)
     try:
         return fx.symbolic_trace(owned)
-    except TraceError as e:
-        raise CutError(
-            f"{type(model).__name__} cannot be cut: its forward pass has a data-dependent "
-            f"branch or loop that torch.fx cannot trace ({e}). Move the branch into a "
-            "submodule on one side of the cut or make it depend on attributes, not tensor values."
-        ) from e
     except Exception as e:  # fx raises plain errors for many unsupported constructs
-        raise CutError(f"{type(model).__name__} cannot be traced by torch.fx: {e}") from e
+        raise CutError(_cannot(model, [(FX, diagnose(e, owned))])) from e
+
+
+def _own(model: torch.nn.Module) -> torch.nn.Module:
+    if not isinstance(model, torch.nn.Module):
+        raise CutError(f"expected a torch.nn.Module to cut, got {type(model).__name__}")
+    return copy.deepcopy(model)
+
+
+def _symbolic(owned: torch.nn.Module, training: bool) -> fx.GraphModule:
+    owned.train(training)
+    tracer = fx.Tracer()
+    # Source lines, for messages about what crosses a cut.
+    tracer.record_stack_traces = True
+    graph = tracer.trace(owned)
+    return fx.GraphModule(tracer.root, graph, type(owned).__name__)
+
+
+def _exported(
+    owned: torch.nn.Module, inputs: tuple[torch.Tensor, ...], training: bool
+) -> fx.GraphModule:
+    owned.train(training)
+    # Export runs forward on fake tensors; the random stream it would draw from is the
+    # caller's, so keep it as it was.
+    with torch.random.fork_rng(devices=[]):
+        return export_graph(owned, inputs)
+
+
+def _cannot(model: torch.nn.Module, stops: list[tuple[str, Stop]]) -> str:
+    """Why ``model`` cannot be cut, tracer by tracer, with advice that applies."""
+    name = type(model).__name__
+    parts = [f"{tracer} stopped {stop.describe()}" for tracer, stop in stops]
+    last = stops[-1][1]
+    if last.data_dependent:
+        advice = (
+            "A branch, loop or size that depends on tensor values cannot be followed by "
+            "any fixed cut: compute both sides with torch.where, or make it depend on "
+            "shapes or attributes."
+        )
+    elif len(stops) == 1 and stops[0][0] == FX:
+        advice = "Give an example input so that torch.export can be tried."
+    else:
+        advice = (
+            "Rewrite that statement with torch operations on tensors and Python numbers "
+            "read from shapes, or wrap the module so that its forward takes only tensors."
+        )
+    return f"{name} cannot be cut: " + "; ".join(parts) + ". " + advice
 
 
 def module_path_stack(node: fx.Node) -> list[str]:

@@ -359,11 +359,12 @@ class _UsesInputLate(_TwoLayers):
         return self.b(self.a(x)) + x
 
 
-class _SizeCrosses(_TwoLayers):
+class _NumberCrosses(_TwoLayers):
+    # A number read from the input's values, not its shape, cannot be recomputed.
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
+        k = x.mean().item()
         h = self.a(x)
-        return self.b(h).reshape(n, -1)
+        return self.b(h) * k
 
 
 class _SharedModule(_TwoLayers):
@@ -429,7 +430,7 @@ X = torch.randn(2, 4)
         pytest.param(_Chain(), ("a", "b", "c"), r"one cut .* or two cuts .*got 3", id="three"),
         pytest.param(_Chain(), (), r"got 0", id="no-cut"),
         pytest.param(_UsesInputLate(), "a", r"model input 'x'.*raw data would leave", id="raw"),
-        pytest.param(_SizeCrosses(), "a", r"not a tensor", id="non-tensor"),
+        pytest.param(_NumberCrosses(), "a", r"not a tensor", id="non-tensor"),
         pytest.param(
             _SharedModule(), "b", r"weight 'a\.weight' is used on both sides", id="shared-module"
         ),
