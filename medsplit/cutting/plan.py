@@ -231,7 +231,8 @@ def _shape_reads(
 
 
 def source_of(node: fx.Node) -> str:
-    """`` (from file.py:12, `n = x.shape[0]`)`` where the trace recorded it, else ``""``."""
+    """`` (from file.py:12, `n = x.shape[0]`)`` where the trace recorded it (an export
+    does; fx, for speed, does not), else ``""``."""
     trace = node.meta.get("stack_trace")
     if not trace:
         return ""
@@ -265,7 +266,10 @@ def _lineage(
         has_weights = any(
             isinstance(t, torch.nn.Parameter) for n in read for t in owned_state(gm, n).values()
         )
-        from_input[node] = node.op == "placeholder" or any(from_input[p] for p in parents)
+        # A shape (the batch size a random mask is drawn at) carries no pixel.
+        from_input[node] = node.op == "placeholder" or (
+            not is_shape_read(node) and any(from_input[p] for p in parents)
+        )
         through[node] = has_weights or all(through[p] for p in parents if from_input[p])
         if node.op == "placeholder":
             through[node] = False

@@ -109,11 +109,7 @@ def _own(model: torch.nn.Module) -> torch.nn.Module:
 
 def _symbolic(owned: torch.nn.Module, training: bool) -> fx.GraphModule:
     owned.train(training)
-    tracer = fx.Tracer()
-    # Source lines, for messages about what crosses a cut.
-    tracer.record_stack_traces = True
-    graph = tracer.trace(owned)
-    return fx.GraphModule(tracer.root, graph, type(owned).__name__)
+    return fx.symbolic_trace(owned)
 
 
 def _exported(
