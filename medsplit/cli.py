@@ -14,8 +14,15 @@ import torch
 
 from medsplit.cutting import CutInfo, cut_table
 from medsplit.data import synthetic_split
-from medsplit.errors import MedSplitError
-from medsplit.models import build_model, get_model_spec, model_names
+from medsplit.errors import ConfigError, MedSplitError
+from medsplit.models import (
+    build_any_model,
+    get_model_spec,
+    is_factory_name,
+    model_names,
+    parse_model_args,
+)
+from medsplit.models.factory import factory_module
 from medsplit.modes import (
     DEFAULT_MODE,
     ModeOption,
@@ -65,17 +72,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    cuts = commands.add_parser("cuts", help="price every candidate cut of a registry model")
-    cuts.add_argument("model", choices=model_names())
+    cuts = commands.add_parser("cuts", help="price every candidate cut of a model")
+    cuts.add_argument("model", type=_model_name, help=_MODEL_HELP)
+    _add_model_args(cuts)
     cuts.add_argument("--input-shape", type=_shape, help="C,H,W (default: the model's own)")
     cuts.add_argument("--classes", type=int, default=2)
+    cuts.add_argument(
+        "--depth",
+        type=int,
+        help="list every submodule at most this deep (default: as deep as the tensors "
+        "crossing change, at most 200 cuts)",
+    )
     cuts.add_argument("--json", action="store_true", help="a JSON list, one object per cut")
     cuts.set_defaults(run=_cuts)
 
     verify = commands.add_parser(
         "verify", help="train split and unsplit side by side; are all weights identical?"
     )
-    verify.add_argument("model", choices=model_names())
+    verify.add_argument("model", type=_model_name, help=_MODEL_HELP)
+    _add_model_args(verify)
     _add_cut_options(verify)
     verify.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     verify.add_argument("--hospitals", type=int, default=2, help="hospitals taking turns")
@@ -84,8 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=_verify)
 
     sim = commands.add_parser("simulate", help="run a whole split-learning job in this process")
-    sim.add_argument("--model", default="small_cnn", choices=model_names())
+    sim.add_argument("--model", default="small_cnn", type=_model_name, help=_MODEL_HELP)
+    _add_model_args(sim)
     _add_cut_options(sim)
+    sim.add_argument(
+        "--input-shape", type=_shape, help="C,H,W of synthetic images (default: the model's own)"
+    )
     sim.add_argument("--hospitals", type=int, default=3)
     sim.add_argument("--data", type=Path, help="a MedMNIST .npz (default: synthetic images)")
     sim.add_argument("--samples", type=int, default=600, help="synthetic training images")
@@ -109,6 +128,57 @@ def _parser() -> argparse.ArgumentParser:
         server_lr=0.002,
     )
     return parser
+
+
+_MODEL_HELP = (
+    f"a registry model ({', '.join(model_names())}) or MODULE:FACTORY, a function or class "
+    "called with --model-args (say monai.networks.nets:ViT)"
+)
+
+
+def _model_name(text: str) -> str:
+    if is_factory_name(text):
+        try:
+            factory_module(text)
+        except MedSplitError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    if text not in model_names():
+        raise argparse.ArgumentTypeError(
+            f"unknown model {text!r}: a registry model ({', '.join(model_names())}) or "
+            "MODULE:FACTORY"
+        )
+    return text
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-args",
+        metavar="JSON",
+        help="keyword arguments of a MODULE:FACTORY model, a JSON object",
+    )
+
+
+def _build(
+    args: argparse.Namespace, shape: tuple[int, ...], *, num_classes: int = 2, seed: int
+) -> torch.nn.Module:
+    """The model ``args`` name: the command line's own, so any module may be named."""
+    return build_any_model(
+        args.model,
+        model_args=parse_model_args(args.model_args),
+        spatial_dims=len(shape) - 1,
+        in_channels=shape[0],
+        num_classes=num_classes,
+        seed=seed,
+    )
+
+
+def _input_shape(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.input_shape:
+        return args.input_shape
+    if is_factory_name(args.model):
+        raise ConfigError(f"{args.model} has no default input shape: give --input-shape C,H,W")
+    return get_model_spec(args.model).default_input_shape
 
 
 def _add_cut_options(parser: argparse.ArgumentParser) -> None:
@@ -196,11 +266,15 @@ def _training_config(
     total_steps: int = 1000,
     **overrides: object,
 ) -> TrainingConfig:
-    spec = get_model_spec(model)
     options = _given_mode_options(args)
     # Bound to its options: they may change the mode's cuts (SplitFed's labels).
     mode = get_mode(args.mode).with_options(options)
-    cuts = tuple(args.cut) if args.cut else mode.default_cuts(spec)
+    if args.cut:
+        cuts = tuple(args.cut)
+    elif is_factory_name(model):
+        raise ConfigError(f"{model} has no default cut: give --cut (see `medsplit cuts {model}`)")
+    else:
+        cuts = mode.default_cuts(get_model_spec(model))
 
     def optimizer(name: str, lr: float) -> OptimizerConfig:
         momentum = args.momentum if name == "sgd" else 0.0
@@ -222,21 +296,21 @@ def _training_config(
 
 
 def _cuts(args: argparse.Namespace) -> int:
-    spec = get_model_spec(args.model)
-    shape = args.input_shape or spec.default_input_shape
-    model = build_model(
-        args.model,
-        spatial_dims=len(shape) - 1,
-        in_channels=shape[0],
-        num_classes=args.classes,
-        seed=0,
-    )
-    rows = cut_table(model, torch.zeros(1, *shape))
+    shape = _input_shape(args)
+    model = _build(args, shape, num_classes=args.classes, seed=0)
+    rows = cut_table(model, torch.zeros(1, *shape), depth=args.depth)
     if args.json:
         print(json.dumps([row.to_json() for row in rows], indent=2))
     else:
-        print(f"{spec.name} at input {','.join(map(str, shape))}: {spec.description}")
+        about = (
+            type(model).__name__
+            if is_factory_name(args.model)
+            else get_model_spec(args.model).description
+        )
+        print(f"{args.model} at input {','.join(map(str, shape))}: {about}")
         print(_format_cut_table(rows))
+    if rows.note:
+        print(f"note: {rows.note} (--depth)", file=sys.stderr)
     return 0
 
 
@@ -267,16 +341,13 @@ def _format_cut_table(rows: list[CutInfo]) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    spec = get_model_spec(args.model)
-    shape = args.input_shape or spec.default_input_shape
+    shape = _input_shape(args)
     if args.steps < 1 or args.hospitals < 1:
         print("medsplit verify: error: --steps and --hospitals must be at least 1", file=sys.stderr)
         return 2
     per_turn = math.ceil(args.steps / args.hospitals)
     config = _training_config(args, args.model, max_steps_per_turn=per_turn)
-    model = build_model(
-        args.model, spatial_dims=len(shape) - 1, in_channels=shape[0], seed=args.seed
-    )
+    model = _build(args, shape, seed=args.seed)
     data = synthetic_split(per_turn * args.batch_size * args.hospitals, shape=shape, seed=args.seed)
     splits = [
         type(data)(data.images[i :: args.hospitals], data.labels[i :: args.hospitals])
@@ -301,11 +372,12 @@ def _verify(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     setup = SimulationSetup(
         model=args.model,
+        model_args=parse_model_args(args.model_args),
         hospitals=args.hospitals,
         data=SimulationData(
             medmnist=args.data,
             synthetic_samples=args.samples,
-            synthetic_shape=get_model_spec(args.model).default_input_shape,
+            synthetic_shape=_input_shape(args) if args.data is None else (1, 28, 28),
         ),
     )
     overrides = dict(

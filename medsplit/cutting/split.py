@@ -125,6 +125,9 @@ def split_model(
         )
         check_modes_agree(plans, profiles)
     segments = build_segments(traced, plans, class_prefix=model_name)
+    for segment in segments:
+        # Which graph a segment runs follows its own flag: the model's, to begin with.
+        segment.training = model.training
     boundaries = tuple(boundary_of(plans[True], i, profiles[True]) for i in range(len(names)))
     split = SplitModel(segments=segments, cuts=requested, boundaries=boundaries)
     check_split(traced.owned, split, inputs)

@@ -8,15 +8,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import fx
 
-from medsplit.cutting.plan import (
-    BoundaryTensor,
-    boundary_of,
-    check_modes_agree,
-    cut_position,
-    plan_split,
-)
+from medsplit.cutting.candidates import choose
+from medsplit.cutting.plan import BoundaryTensor, boundary_of, check_modes_agree, plan_split
 from medsplit.cutting.profile import NodeProfile, as_example_inputs, profile_graph
-from medsplit.cutting.trace import module_path_stack, trace, trace_modes
+from medsplit.cutting.trace import trace, trace_modes
 from medsplit.errors import CutError
 
 
@@ -52,25 +47,22 @@ class CutInfo:
         return row
 
 
-def candidate_cuts(model: torch.nn.Module, *, max_depth: int = 2) -> list[str]:
-    """Submodule names at most ``max_depth`` deep, in forward order, one per cut position.
+class CutRows(list[CutInfo]):
+    """The rows of a cut table, a list, with ``note`` saying where a default table
+    stopped short (``None`` when it lists every cut it looked at)."""
 
-    ``model`` may be a module or its ``torch.fx`` trace.
+    note: str | None = None
+
+
+def candidate_cuts(model: torch.nn.Module, *, depth: int | None = None) -> list[str]:
+    """Submodule names to cut after, in forward order, one per cut position: every
+    module at most ``depth`` deep, or by default as deep as the crossings change
+    (:mod:`medsplit.cutting.candidates`).
+
+    ``model`` may be a module (traced with ``torch.fx``) or its trace.
     """
     gm = model if isinstance(model, fx.GraphModule) else trace(model)
-    seen: dict[str, int] = {}
-    for node in gm.graph.nodes:
-        for path in module_path_stack(node):
-            if path and path.count(".") < max_depth and path not in seen:
-                seen[path] = len(seen)
-    by_position: dict[int, str] = {}
-    for name in seen:
-        position = cut_position(gm, name, model_name=type(gm).__name__)
-        current = by_position.get(position)
-        # Several names can end at one node; the shallowest names the cut most plainly.
-        if current is None or name.count(".") < current.count("."):
-            by_position[position] = name
-    return [by_position[p] for p in sorted(by_position)]
+    return choose(gm, depth=depth).names
 
 
 def cut_table(
@@ -78,9 +70,9 @@ def cut_table(
     example_input: torch.Tensor | Sequence[torch.Tensor],
     *,
     candidates: Sequence[str] | None = None,
-    max_depth: int = 2,
+    depth: int | None = None,
     tracer: str | None = None,
-) -> list[CutInfo]:
+) -> CutRows:
     """Price every valid cut of ``model`` at the shape of ``example_input``.
 
     The model is traced as :func:`~medsplit.cutting.split.split_model` traces it
@@ -95,12 +87,19 @@ def cut_table(
     Args:
         model: the model to cut; it is not modified.
         example_input: a batch-first example; figures are divided by its batch size.
-        candidates: names to price; by default, submodules up to ``max_depth`` deep.
-        max_depth: how deep to look for candidate submodules.
+        candidates: names to price; by default, the module boundaries down to where
+            the set of crossing tensors changes, at most ``MAX_ROWS`` of them (the
+            rows' ``note`` says when the table stops short).
+        depth: instead, every submodule at most this many names deep (1 to
+            ``MAX_DEPTH``).
         tracer: ``"torch.fx"`` or ``"torch.export"`` to use only that one.
 
     Returns:
         One ``CutInfo`` per valid cut, in forward order.
+
+    Raises:
+        CutError: the model cannot be traced, a named candidate cannot be cut, or
+            ``depth`` is out of range.
     """
     inputs = as_example_inputs(example_input)
     batch = inputs[0].shape[0]
@@ -111,12 +110,18 @@ def cut_table(
     if traced.graphs[False] is not gm:
         other = traced.graphs[False]
         evaluation = (other, profile_graph(other, inputs, flops=False))
-    names = list(candidates) if candidates is not None else candidate_cuts(gm, max_depth=max_depth)
+    note = None
+    if candidates is not None:
+        names = list(candidates)
+    else:
+        chosen = choose(gm, depth=depth, sent=lambda n: _is_tensor(profiles.get(n)))
+        names, note = chosen.names, chosen.note
     total_params = sum(p.numel() for p in gm.parameters())
     params = dict(gm.named_parameters())
     nodes = list(gm.graph.nodes)
     model_name = type(model).__name__
-    rows = []
+    rows = CutRows()
+    rows.note = note
     for name in names:
         try:
             plan = plan_split(gm, (name,), profiles, model_name=model_name, batch_size=batch)
@@ -145,6 +150,10 @@ def cut_table(
             )
         )
     return rows
+
+
+def _is_tensor(profile: NodeProfile | None) -> bool:
+    return profile is not None and profile.shape is not None
 
 
 def _front_flops(

@@ -10,6 +10,7 @@ parameters, under the same names.
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -66,12 +67,14 @@ def trace_modes(
     """
     owned = _own(model)
     fx_stop = None
+    # Tracing sets each mode in turn; the segments start in the model's own flags.
+    flags = {name: m.training for name, m in model.named_modules()}
     if tracer in (None, FX):
         try:
             graphs = {mode: _symbolic(owned, mode) for mode in (True, False)}
             if graphs[True].code == graphs[False].code:
                 graphs[False] = graphs[True]
-            return Traced(graphs, FX, owned)
+            return Traced(graphs, FX, _flagged(owned, flags))
         except Exception as e:  # fx raises plain errors for many unsupported constructs
             fx_stop = diagnose(e, owned)
             # Export would stop at the same branch, only later.
@@ -85,7 +88,13 @@ def trace_modes(
     except Exception as e:  # export's own errors come in many classes
         stops = [(FX, fx_stop)] if fx_stop is not None else []
         raise CutError(_cannot(model, [*stops, (EXPORT, diagnose(e, owned))])) from e
-    return Traced(graphs, EXPORT, owned, fx_stop)
+    return Traced(graphs, EXPORT, _flagged(owned, flags), fx_stop)
+
+
+def _flagged(owned: torch.nn.Module, flags: dict[str, bool]) -> torch.nn.Module:
+    for name, module in owned.named_modules():
+        module.training = flags[name]
+    return owned
 
 
 def trace(model: torch.nn.Module) -> fx.GraphModule:
@@ -152,8 +161,21 @@ def module_path_stack(node: fx.Node) -> list[str]:
     return paths
 
 
+# Per traced graph, what each node reads: a cut table plans every candidate on one graph.
+_STATE: weakref.WeakKeyDictionary[torch.nn.Module, dict[fx.Node, dict[str, torch.Tensor]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def owned_state(root: torch.nn.Module, node: fx.Node) -> dict[str, torch.Tensor]:
     """Parameters and buffers a node reads, by qualified name (empty for pure functions)."""
+    known = _STATE.setdefault(root, {})
+    if node not in known:
+        known[node] = _read_state(root, node)
+    return known[node]
+
+
+def _read_state(root: torch.nn.Module, node: fx.Node) -> dict[str, torch.Tensor]:
     if node.op == "call_module":
         module = root.get_submodule(str(node.target))
         prefix = str(node.target)

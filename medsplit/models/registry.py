@@ -7,7 +7,7 @@ a seed, and a job's configuration never has to carry code.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 
 from medsplit.errors import ConfigError, UnknownModelError
 from medsplit.models.args import check_build_args, is_int
+from medsplit.models.factory import build_factory_model, is_factory_name
 from medsplit.models.skip_net import SkipNet
 from medsplit.models.small_cnn import small_cnn
 
@@ -195,3 +196,35 @@ def build_model(
         return spec.build(
             spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes
         )
+
+
+def build_any_model(
+    name: str,
+    *,
+    model_args: Mapping[str, object] | None = None,
+    allowed_modules: Collection[str] | None = None,
+    spatial_dims: int = 2,
+    in_channels: int = 1,
+    num_classes: int = 2,
+    seed: int | None = None,
+) -> nn.Module:
+    """A registry model by name, or a ``MODULE:FACTORY`` model from its JSON arguments
+    (:func:`medsplit.models.factory.build_factory_model`; the input and class counts
+    are then the factory's own arguments).
+
+    Raises:
+        UnknownModelError: an unknown name, or a module ``allowed_modules`` leaves out.
+        ConfigError: an argument is out of range, or arguments given to a registry model.
+    """
+    if is_factory_name(name):
+        return build_factory_model(
+            name, model_args or {}, allowed_modules=allowed_modules, seed=seed
+        )
+    if model_args:
+        raise ConfigError(
+            f"{name} is a registry model: it takes no model arguments (they are for "
+            "MODULE:FACTORY models)"
+        )
+    return build_model(
+        name, spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes, seed=seed
+    )

@@ -10,7 +10,8 @@ from tqdm import tqdm
 
 from medsplit.data import DataSplit, load_medmnist, shard, synthetic_split
 from medsplit.errors import ConfigError
-from medsplit.models import build_model, get_model_spec
+from medsplit.models import build_any_model, get_model_spec, is_factory_name
+from medsplit.models.factory import factory_module
 from medsplit.protocol.roles import StepResult
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import turn_length
@@ -34,11 +35,16 @@ class SimulationSetup:
     model: str = "small_cnn"
     hospitals: int = 3
     data: SimulationData = field(default_factory=SimulationData)
+    #: Keyword arguments of a ``MODULE:FACTORY`` model.
+    model_args: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hospitals, int) or self.hospitals < 1:
             raise ConfigError(f"hospitals must be at least 1, got {self.hospitals!r}")
-        get_model_spec(self.model)
+        if is_factory_name(self.model):
+            factory_module(self.model)
+        else:
+            get_model_spec(self.model)
 
 
 def load_hospitals(setup: SimulationSetup, *, seed: int) -> list[Hospital]:
@@ -80,8 +86,10 @@ def simulate(
     """
     hospitals = load_hospitals(setup, seed=config.seed)
     sample = hospitals[0].train.images
-    model = build_model(
+    # In this process, with the person's own code: any module may be named.
+    model = build_any_model(
         setup.model,
+        model_args=setup.model_args,
         spatial_dims=sample.dim() - 2,
         in_channels=sample.shape[1],
         num_classes=num_classes_of([h.train for h in hospitals]),
