@@ -31,7 +31,11 @@ class Stop:
     detail: str
 
     def describe(self) -> str:
-        """``"module 'a.b' (Block), at file.py:12, on len() of a traced value"``."""
+        """``"in module 'a.b' (Block), at file.py:12, on len() of a traced value (...)"``."""
+        return f"{self.where()}, on {self.kind} ({self.detail})"
+
+    def where(self) -> str:
+        """``"in module 'a.b' (Block), at file.py:12"``."""
         if self.module is None and self.location == "?":
             where = "outside the model's modules"
         elif self.module is None:
@@ -40,7 +44,7 @@ class Stop:
             where = f"in module {self.module!r} ({self.module_type}), at {self.location}"
         else:
             where = f"in {self.module_type}.forward, at {self.location}"
-        return f"{where}, on {self.kind} ({self.detail})"
+        return where
 
 
 # (substring of the message, kind, depends on tensor values): the first match wins.

@@ -86,9 +86,28 @@ def trace_modes(
     except CutError:
         raise
     except Exception as e:  # export's own errors come in many classes
+        _check_runs(model, inputs)
         stops = [(FX, fx_stop)] if fx_stop is not None else []
         raise CutError(_cannot(model, [*stops, (EXPORT, diagnose(e, owned))])) from e
     return Traced(graphs, EXPORT, _flagged(owned, flags), fx_stop)
+
+
+def _check_runs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Refuse, saying so, a model that does not run at this input even untraced (an
+    image too small for it): no tracer is to blame then."""
+    for training in (True, False):
+        trial = _own(model).train(training)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                trial(*inputs)
+        except Exception as e:  # the model's own checks raise anything
+            shapes = ", ".join(str(list(t.shape)) for t in inputs)
+            mode = "training" if training else "evaluation"
+            stop = diagnose(e, trial)
+            raise CutError(
+                f"{type(model).__name__} does not run on an input of shape {shapes} in "
+                f"{mode} mode, untraced: {stop.detail} ({stop.where()}). Try a larger input."
+            ) from e
 
 
 def _flagged(owned: torch.nn.Module, flags: dict[str, bool]) -> torch.nn.Module:

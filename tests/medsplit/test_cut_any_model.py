@@ -299,3 +299,19 @@ def test_an_untraceable_model_is_refused_naming_module_line_and_construct() -> N
     assert "test_cut_any_model.py:" in message
     assert "data-dependent branch" in message
     assert "torch.where" in message
+
+
+class _NeedsWiderInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x.shape) != 2 or x.shape[1] < 8:  # fx cannot take len(); the model refuses
+            raise ValueError("needs at least 8 features")
+        return self.a(x[:, :4])
+
+
+def test_a_model_that_does_not_run_at_the_input_is_told_so_not_blamed_on_tracers() -> None:
+    with pytest.raises(CutError, match=r"does not run on an input of shape \[2, 4\].*8 features"):
+        split_model(_NeedsWiderInput(), torch.randn(2, 4), "a")
