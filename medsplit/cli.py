@@ -310,7 +310,7 @@ def _cuts(args: argparse.Namespace) -> int:
         print(f"{args.model} at input {','.join(map(str, shape))}: {about}")
         print(_format_cut_table(rows))
     if rows.note:
-        print(f"note: {rows.note} (--depth)", file=sys.stderr)
+        print(f"note: {rows.note}", file=sys.stderr)
     return 0
 
 

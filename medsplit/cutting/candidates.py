@@ -101,7 +101,7 @@ def choose(
             deeper = len(level)
             note = (
                 f"the table stops at {len(listed)} cuts; {deeper} more lie deeper "
-                "(ask for a depth to see them)"
+                "(ask for a depth, `medsplit cuts --depth N`, to see them)"
             )
             break
         listed += level

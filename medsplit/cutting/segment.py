@@ -45,6 +45,12 @@ class Segment(torch.nn.Module):
                 compiled[id(graph)] = type(code).forward
         self._forwards = {mode: compiled[id(graph)] for mode, graph in graphs.items()}
 
+    def adopt(self, root: torch.nn.Module, names: list[str]) -> None:
+        """Hold parameters and buffers no graph reads (a layer the forward pass skips),
+        so that the segments' state dicts together are the model's."""
+        for name in names:
+            _install(root, self, name)
+
     @property
     def graph(self) -> fx.Graph:
         """The training-mode graph."""
@@ -57,21 +63,21 @@ class Segment(torch.nn.Module):
         return self.class_name
 
 
-def _install(root: torch.nn.Module, segment: torch.nn.Module, node: fx.Node) -> None:
-    """Give ``segment`` what ``node`` reads from ``root``, under the same name.
+def _install(root: torch.nn.Module, segment: torch.nn.Module, node: fx.Node | str) -> None:
+    """Give ``segment`` what ``node`` (or a name) reads from ``root``, under the same name.
 
     Parameters, buffers and modules are shared with ``root`` (one object, two graphs).
     A constant an export made (``_tensor_constant0``) that names something else in the
     other mode's graph is installed under a name of its own.
     """
-    target = str(node.target)
+    target = node if isinstance(node, str) else str(node.target)
     value = _get(root, target)
     if _get(segment, target) is value:
         return
     *owner_path, own_field = target.split(".")
     owner = root.get_submodule(".".join(owner_path))
     persistent = own_field in owner._buffers and own_field not in owner._non_persistent_buffers_set
-    if _get(segment, target) is not None:
+    if _get(segment, target) is not None and isinstance(node, fx.Node):
         target = f"{target.replace('.', '_')}_{len(segment._buffers)}"
         node.target = target
     *prefix, field = target.split(".")

@@ -168,6 +168,11 @@ def build_segments(
         )
         name = f"{class_prefix}{labels[seg].capitalize()}"
         segments.append(Segment(traced.graphs, graphs, class_name=name))
+    # What no graph reads still belongs in a checkpoint; a tied weight's second name
+    # does not (its tensor is held already).
+    held = {id(t) for segment in segments for t in segment.state_dict(keep_vars=True).values()}
+    state = traced.owned.state_dict(keep_vars=True)
+    segments[-1].adopt(traced.owned, [k for k, t in state.items() if id(t) not in held])
     return tuple(segments)
 
 

@@ -49,7 +49,7 @@ class CutInfo:
 
 class CutRows(list[CutInfo]):
     """The rows of a cut table, a list, with ``note`` saying where a default table
-    stopped short (``None`` when it lists every cut it looked at)."""
+    stopped short, or why it is empty (``None`` otherwise)."""
 
     note: str | None = None
 
@@ -122,6 +122,7 @@ def cut_table(
     model_name = type(model).__name__
     rows = CutRows()
     rows.note = note
+    refusals: dict[str, str] = {}
     for name in names:
         try:
             plan = plan_split(gm, (name,), profiles, model_name=model_name, batch_size=batch)
@@ -129,9 +130,10 @@ def cut_table(
                 graph, shapes = evaluation
                 other = plan_split(graph, (name,), shapes, model_name=model_name, batch_size=batch)
                 check_modes_agree({True: plan, False: other}, {True: profiles, False: shapes})
-        except CutError:
+        except CutError as e:
             if candidates is not None:
                 raise
+            refusals.setdefault(name, str(e))
             continue
         front_params = sum(params[n].numel() for n in plan.state_names[0] if n in params)
         back_params = sum(params[n].numel() for n in plan.state_names[1] if n in params)
@@ -148,6 +150,14 @@ def cut_table(
                 values_per_sample=sum(t.numel for t in crossing),
                 bytes_per_sample=sum(t.nbytes for t in crossing),
             )
+        )
+    if not rows and candidates is None:
+        # An empty table would read as "nothing to choose", not "why".
+        first = next(iter(refusals.items()), None)
+        why = f"; {first[0]!r}: {first[1]}" if first else ""
+        rows.note = (
+            f"no cut of the {len(names)} looked at is valid at this shape "
+            f"({len(refusals)} refused, the others leave one side without weights){why}"
         )
     return rows
 

@@ -83,12 +83,16 @@ def verify_split(
             yield batch
             bar.update(1)
 
-    with deterministic(), bar:
+    # Both runs draw from one random stream, from the same seed (dropout, drop-connect):
+    # in one process the segments draw in the model's order.
+    with deterministic(), bar, torch.random.fork_rng(devices=[]):
         bar.set_postfix(run="split")
         job = SplitJob(model, example, config, loss_fn=loss_fn)
         hospitals = [Hospital(f"hospital-{i}", s) for i, s in enumerate(splits)]
+        torch.manual_seed(config.seed)
         steps = sum(r.steps for r in job.run(hospitals, on_step=lambda _: bar.update(1)))
         bar.set_postfix(run="unsplit")
+        torch.manual_seed(config.seed)
         if is_parallel(job.mode, len(splits)):
             reference = train_parallel_unsplit(model, splits, config, job.split, loss_fn=loss_fn)
             bar.update(per_run)

@@ -103,6 +103,9 @@ def test_vit_is_cut_through_export_counting_what_crosses_and_keeping_dropout() -
     for cut in ("patch_embedding", "blocks.0"):
         assert _table_shapes(rows[cut]) == crossing_shapes(model.train(), x, cut), cut
     split = split_model(model, x, "blocks.0")
+    # Every weight has one segment, the unused ones (norm_cross_attn) included.
+    keys = [set(s.state_dict()) for s in split.segments]
+    assert not keys[0] & keys[1] and keys[0] | keys[1] == set(model.state_dict())
     # ViT returns (logits, hidden states), and its dropout draws in training mode.
     reference = copy.deepcopy(model)
     for training in (True, False):

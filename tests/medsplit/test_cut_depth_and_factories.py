@@ -33,11 +33,13 @@ def tiny_unet(**kwargs: object) -> nn.Module:
 
 
 def tiny_classifier(channels: int = 4) -> nn.Module:
-    """A classifier factory, for ``verify`` (its loss takes class labels)."""
+    """A classifier factory, for ``verify`` (its loss takes class labels), with dropout:
+    split and unsplit runs draw from one random stream."""
     return nn.Sequential(
         nn.Conv2d(1, channels, 3),
         nn.BatchNorm2d(channels),
         nn.ReLU(),
+        nn.Dropout(0.5),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Linear(channels, 2),
@@ -98,7 +100,7 @@ def test_cuts_takes_a_factory_and_its_arguments(capsys) -> None:
     assert "model.1.submodule.1.submodule" in out
 
 
-def test_verify_takes_a_factory_and_is_exact(capsys) -> None:
+def test_verify_takes_a_factory_and_is_exact_with_dropout(capsys) -> None:
     rc = main(
         [
             "verify",
@@ -157,3 +159,19 @@ def test_model_args_must_be_a_small_json_object(text: str, match: str) -> None:
 def test_a_registry_model_takes_no_model_arguments() -> None:
     with pytest.raises(ConfigError, match="takes no model arguments"):
         build_any_model("small_cnn", model_args={"channels": 3})
+
+
+class _InputEverywhere(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)) + x  # the raw input reaches the end: no cut is valid
+
+
+def test_an_empty_default_table_says_why() -> None:
+    rows = cut_table(_InputEverywhere(), torch.randn(2, 4))
+    assert rows == []
+    assert rows.note is not None and "raw data would leave" in rows.note
