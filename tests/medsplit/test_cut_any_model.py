@@ -200,12 +200,13 @@ class _BatchSizeAcross(nn.Module):
         return self.b(h.reshape(n, -1))
 
 
-def test_a_batch_size_read_before_the_cut_is_recomputed_after_it() -> None:
+@pytest.mark.parametrize("tracer", [FX, EXPORT])
+def test_a_batch_size_read_before_the_cut_is_recomputed_after_it(tracer: str) -> None:
     model, x = _BatchSizeAcross(), torch.randn(2, 1, 8, 8)
-    rows = cut_table(model, x)
+    rows = cut_table(model, x, tracer=tracer)
     assert [r.name for r in rows] == ["a"]
     assert [t.name for t in rows[0].crossing] == ["a"]
-    split = split_model(model, x, "a")
+    split = split_model(model, x, "a", tracer=tracer)
     bigger = torch.randn(5, 1, 8, 8)  # the far side reads the batch size off what crossed
     assert torch.equal(split.forward(bigger), model(bigger))
 
