@@ -15,10 +15,11 @@ averaged like the fronts) or ``v2`` (SFLV2: one server segment serving every hos
 steps in a seeded interleaving, :meth:`SplitFedMode.step_order`); ``labels`` ``server``
 (vanilla placement, one cut) or ``hospital`` (U-shaped placement, two cuts).
 
-The platform does not run it yet (:attr:`SplitFedMode.runs_on_platform` is ``False``):
-the coordinator must refuse its jobs until the agents submit masked segments through the
-relay to a worker aggregator. In process, :class:`medsplit.training.split_job.SplitJob`
-runs it with the secure aggregation performed for real.
+The platform runs SFLV1 (:attr:`SplitFedMode.runs_on_platform`): the agents submit masked
+segments through the relay to a worker aggregator (docs/protocol.md, "Secure aggregation
+on the platform"); SFLV2 runs in process only. In process,
+:class:`medsplit.training.split_job.SplitJob` runs both with the secure aggregation
+performed for real.
 """
 
 from __future__ import annotations
@@ -88,7 +89,6 @@ class SplitFedMode(SplitMode):
     labels = Side.SERVER
     server_segment = 1
     secure_aggregation = True
-    runs_on_platform = False
     parallel_in_process = True
 
     def __init__(self, variant: str = V1, labels: str = Side.SERVER.value) -> None:
@@ -101,6 +101,10 @@ class SplitFedMode(SplitMode):
         self._base: SplitMode = _USHAPED if self.label_side == Side.HOSPITAL else _VANILLA
         self.cuts = self._base.cuts  # type: ignore[misc]
         self.labels = self._base.labels  # type: ignore[misc]
+        # SFLV1 runs on the platform (one Celery task per hospital's turn, each with its
+        # copy of the server segment); SFLV2's single task serving every hospital's
+        # stream is not scheduled yet, so the coordinator refuses that variant.
+        self.runs_on_platform = variant == V1  # type: ignore[misc]
 
     # -- options -----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from kernel.actors import Actor
 from medsplit.errors import RoundPlanError
-from medsplit.modes import StartFrom
+from medsplit.modes import StartFrom, get_mode
 from medsplit.turns import Directive
 from medsplit.turns.stores import StoreError, read_verified, write_atomic
 from training.models import Job, ServerCheckpoint, Turn
@@ -269,6 +269,8 @@ def _combined_result(
         round_id=finished.round_id, status__in=(Turn.Status.PENDING, Turn.Status.RUNNING)
     ).exists():
         return None  # a sibling still runs: the last to end combines
+    if get_mode(job.mode).secure_aggregation:
+        return None  # made once the last aggregation is done (job_result_combine)
     result = job_result(job=job)
     if result.kind != StartFrom.AGGREGATE:
         return None
@@ -277,6 +279,41 @@ def _combined_result(
             f"job {job.pk}'s mode combines its last group into the result, but the "
             "turn was completed without a way to combine server states"
         )
+    return _record_result(job=job, result=result, by=finished, combine=combine)
+
+
+def job_result_combine(
+    *, job: Job, combine: Callable[[list[bytes], list[int] | None], bytes]
+) -> ServerCheckpoint | None:
+    """The job's combined server result, made and recorded as ``Job.server_checkpoint``
+    once its last secure aggregation is done: ``combine`` of the server ends of the
+    aggregation's participants' turns, with their weights; ``None`` when its mode's result
+    is not a combination.
+
+    Raises:
+        StoreError: a checkpoint of the last group is gone or altered.
+    """
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        result = job_result(job=locked)
+        if result.kind != StartFrom.AGGREGATE or not result.sources:
+            return None
+        weights = result.weights
+        row = _record_result(
+            job=locked,
+            result=result,
+            by=result.sources[-1],
+            combine=lambda blobs: combine(blobs, weights),
+        )
+        Job.objects.filter(pk=locked.pk).update(server_checkpoint=row)
+    return row
+
+
+def _record_result(
+    *, job: Job, result, by: Turn, combine: Callable[[list[bytes]], bytes]
+) -> ServerCheckpoint:
+    """Combine the server ends of ``result``'s sources and record it at the place one
+    round past the last."""
     ends = [
         checkpoints_of_place(job_id=job.pk, round_index=t.round.index, position=t.position).last()
         for t in result.sources
@@ -297,7 +334,7 @@ def _combined_result(
         position=0,
         step=0,
         defaults={
-            "turn": finished,
+            "turn": by,
             "path": path,
             "sha256": digest,
             "size_bytes": len(data),

@@ -16,8 +16,8 @@ from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from medsplit.training.description import FORMAT, JobDescription
-from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
-from training.plan import job_result, turn_start
+from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.plan import TurnStart, job_result, turn_start
 from training.states import JobState
 
 
@@ -320,6 +320,52 @@ class AssignmentParticipantSerializer(serializers.Serializer):
         }
 
 
+class AggregationSerializer(serializers.ModelSerializer):
+    """One attempt of a group's secure aggregation: who takes part with which public
+    weight, who has submitted (digest and size), the aggregate's digest once done, and the
+    participants' integer buffers (public batch counts) once done."""
+
+    round = serializers.IntegerField(source="round_index", read_only=True)
+    submitted = serializers.SerializerMethodField(
+        help_text="per hospital that submitted: its masked vector's sha256 and size"
+    )
+    counts = serializers.SerializerMethodField(
+        help_text="once done: each participant's integer buffers (combined by their maximum)"
+    )
+
+    class Meta:
+        model = Aggregation
+        fields = [
+            "id",
+            "round",
+            "group",
+            "attempt",
+            "weights",
+            "status",
+            "submitted",
+            "aggregate_sha256",
+            "aggregate_size_bytes",
+            "counts",
+            "dropped",
+            "failure_reason",
+            "created_at",
+            "deadline_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_submitted(self, aggregation: Aggregation) -> dict:
+        return {
+            h: {"sha256": s["sha256"], "size_bytes": s["size_bytes"]}
+            for h, s in sorted(aggregation.submissions.items())
+        }
+
+    def get_counts(self, aggregation: Aggregation) -> dict | None:
+        if aggregation.status != Aggregation.Status.DONE:
+            return None
+        return {h: s["counts"] for h, s in sorted(aggregation.submissions.items())}
+
+
 class HandoffSourceSerializer(serializers.Serializer):
     hospital = serializers.CharField(help_text="who sealed the weights to start from")
     identity_fingerprint = serializers.CharField(
@@ -341,6 +387,16 @@ class StartFromSerializer(serializers.Serializer):
     sources = HandoffSourceSerializer(
         many=True, help_text="the turns whose sealed weights to start from, in position order"
     )
+    aggregation = AggregationSerializer(
+        allow_null=True,
+        required=False,
+        help_text="in a mode that aggregates securely: the done aggregation whose aggregate "
+        "(unmasked by each hospital) to start from; the sources are its participants' turns",
+    )
+
+
+def _aggregation_of(start: TurnStart) -> dict | None:
+    return AggregationSerializer(start.aggregation).data if start.aggregation else None
 
 
 class AssignmentSerializer(serializers.ModelSerializer):
@@ -377,6 +433,10 @@ class AssignmentSerializer(serializers.ModelSerializer):
         "mode's result: the last turn's hand-off, or the combination of the last group's); "
         "null before"
     )
+    aggregation = serializers.SerializerMethodField(
+        help_text="the job's latest secure aggregation attempt this hospital takes part in "
+        "(modes that aggregate securely); null when none"
+    )
 
     class Meta:
         model = Job
@@ -394,6 +454,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "handoff_from",
             "start_from",
             "result_from",
+            "aggregation",
             "state_reason",
             "relay_prefix",
         ]
@@ -404,6 +465,12 @@ class AssignmentSerializer(serializers.ModelSerializer):
         # Its own failure reasons only (kernel.permissions: least privilege).
         data["state_reason"] = visible_state_reason(job, _viewer(self))
         return data
+
+    @extend_schema_field(AggregationSerializer(allow_null=True))
+    def get_aggregation(self, job: Job) -> dict | None:
+        slug = job.my_participation[0].hospital.slug
+        mine = [a for a in job.all_aggregations if slug in a.weights]
+        return AggregationSerializer(mine[-1]).data if mine else None
 
     def get_relay_prefix(self, job: Job) -> str:
         return settings.MEDSPLIT["RELAY_PREFIX"]
@@ -441,7 +508,11 @@ class AssignmentSerializer(serializers.ModelSerializer):
             # Taken out of MEDSPLIT["EXTRA_MODES"] since: its turns fail at the worker,
             # saying so; the agent's other assignments must still be served.
             return None
-        return {"kind": start.kind.value, "sources": [self._source(job, t) for t in start.sources]}
+        return {
+            "kind": start.kind.value,
+            "sources": [self._source(job, t) for t in start.sources],
+            "aggregation": _aggregation_of(start),
+        }
 
     @extend_schema_field(StartFromSerializer(allow_null=True))
     def get_result_from(self, job: Job) -> dict | None:
@@ -454,6 +525,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
         return {
             "kind": result.kind.value,
             "sources": [self._source(job, t) for t in result.sources],
+            "aggregation": _aggregation_of(result),
         }
 
     def _source(self, job: Job, turn: Turn) -> dict:
