@@ -111,6 +111,10 @@ class SplitFedMode(SplitMode):
     def options(self) -> tuple[ModeOption, ...]:
         return (VARIANT, LABELS_OPTION)
 
+    def configuration_title(self) -> str:
+        where = "labels at home" if self.label_side == Side.HOSPITAL else "labels at the server"
+        return f"SplitFed ({'SFLV1' if self.variant == V1 else 'SFLV2'}, {where})"
+
     def with_options(self, values: Mapping[str, Any]) -> SplitFedMode:
         filled = self.check_options(values)
         if (filled["variant"], filled["labels"]) == (self.variant, self.label_side.value):

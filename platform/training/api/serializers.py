@@ -117,6 +117,11 @@ class JobSerializer(serializers.ModelSerializer):
     description = DescriptionField(read_only=True)
     created_by = serializers.SerializerMethodField()
     participants = ParticipantSerializer(many=True, read_only=True)
+    aggregations = serializers.SerializerMethodField(
+        help_text="its secure aggregation attempts, round by round (modes that aggregate "
+        "securely): who took part with which weight, who submitted (digest and size), the "
+        "aggregate's digest, who was left out and why; never a value"
+    )
 
     class Meta:
         model = Job
@@ -132,7 +137,9 @@ class JobSerializer(serializers.ModelSerializer):
             "description",
             "on_failure",
             "max_retries",
+            "round_deadline_seconds",
             "participants",
+            "aggregations",
             "current_round",
             "created_by",
             "created_at",
@@ -143,6 +150,13 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_created_by(self, job: Job) -> str | None:
         return job.created_by.get_username() if job.created_by_id else None
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_aggregations(self, job: Job) -> list[dict]:
+        rows = job.aggregations.order_by("round_index", "group", "attempt")
+        return [
+            {k: v for k, v in AggregationSerializer(a).data.items() if k != "counts"} for a in rows
+        ]
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)
@@ -567,6 +581,15 @@ class ModeSegmentSerializer(serializers.Serializer):
     side = serializers.ChoiceField(choices=["hospital", "server"])
 
 
+class ModeConfigurationSerializer(serializers.Serializer):
+    options = serializers.DictField(help_text="the job's mode_options for this configuration")
+    title = serializers.CharField()
+    cuts = serializers.IntegerField()
+    labels = serializers.ChoiceField(choices=["hospital", "server"])
+    segments = ModeSegmentSerializer(many=True)
+    runs_on_platform = serializers.BooleanField()
+
+
 class ModeSerializer(serializers.Serializer):
     """A split-learning mode as it describes itself (medsplit.modes.ModeDescription)."""
 
@@ -582,6 +605,11 @@ class ModeSerializer(serializers.Serializer):
     runs_on_platform = serializers.BooleanField(
         help_text="whether the coordinator accepts this mode's jobs yet (false: it runs in "
         "process only, with `medsplit simulate` and `medsplit verify`)"
+    )
+    configurations = ModeConfigurationSerializer(
+        many=True,
+        help_text="the mode under each combination of its options' choices (what a form "
+        "offers as one choice each); empty for a mode without such options",
     )
 
 
