@@ -22,6 +22,7 @@ from django.db import transaction
 from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import ChannelError, ChannelTimeout, MedSplitError
+from medsplit.modes import GroupServer
 from medsplit.secagg import Aggregator, RoundId, SubmissionRejected, VectorLayout
 from medsplit.secagg.messages import MaskedSubmission
 from medsplit.training.aggregate_state import aggregation_parts
@@ -89,7 +90,9 @@ def run(aggregation_id: int) -> AggregationResult:
             aggregation_done(
                 aggregation_id=aggregation.pk, sha256=digest, size_bytes=len(aggregate)
             )
-            if aggregation.round_index == job.rounds - 1:
+            # A shared segment's end is the result already (workers/group_runner.py).
+            shared = config.split_mode.group_server() == GroupServer.SHARED
+            if aggregation.round_index == job.rounds - 1 and not shared:
                 job_result_combine(
                     job=job,
                     combine=lambda blobs, weights: config.split_mode.combine_exported(

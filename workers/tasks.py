@@ -23,7 +23,7 @@ from training.scheduling import (
     turn_dispatched,
     turns_without_runner,
 )
-from workers import aggregation_runner, relay_watch, turn_runner
+from workers import aggregation_runner, group_runner, relay_watch, turn_runner
 from workers.celery_app import app
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 def advance_job(job_id: int) -> None:
     """Start a scheduled job or move a running one on; send each turn of its current
     group to a worker (the turns of one group run at the same time)."""
-    for turn in job_advance_group(job_id=job_id):
+    turns = job_advance_group(job_id=job_id)
+    if turns and group_runner.shares_segment(turns[0].job):
+        turns = turns[:1]  # one task serves the whole group on its one server segment
+    for turn in turns:
         _send_turn(turn.pk)
     for aggregation_id in aggregations_to_sum(job_id=job_id):
         _send_aggregation(aggregation_id)
@@ -52,6 +55,12 @@ def aggregate_round(aggregation_id: int) -> str:
 def run_turn(turn_id: int) -> str:
     """Run the server side of a turn (it may take minutes); then move the job on."""
     runner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    if group_runner.group_of_shared_segment(turn_id):
+        outcome = group_runner.run(turn_id, runner=runner)
+        job_id = group_runner.job_of(turn_id)
+        if outcome != "not claimed" and job_id is not None:
+            advance_job.delay(job_id)
+        return outcome
     result = turn_runner.run(turn_id, runner=runner)
     if result.advance:
         advance_job.delay(result.job_id)

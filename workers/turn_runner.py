@@ -182,6 +182,7 @@ def run(turn_id: int, *, runner: str) -> RunResult:
                     initial=progress,
                     # After a crash or a failed attempt, stale frames and counters may be left.
                     reset_streams=claim.taken_over or turn.attempt > 1,
+                    mode=config.split_mode,
                 )
                 outcome = server.run()
                 result = RunResult(outcome.value, job.pk, advance=outcome.value == "completed")

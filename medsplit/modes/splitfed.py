@@ -101,10 +101,6 @@ class SplitFedMode(SplitMode):
         self._base: SplitMode = _USHAPED if self.label_side == Side.HOSPITAL else _VANILLA
         self.cuts = self._base.cuts  # type: ignore[misc]
         self.labels = self._base.labels  # type: ignore[misc]
-        # SFLV1 runs on the platform (one Celery task per hospital's turn, each with its
-        # copy of the server segment); SFLV2's single task serving every hospital's
-        # stream is not scheduled yet, so the coordinator refuses that variant.
-        self.runs_on_platform = variant == V1  # type: ignore[misc]
 
     # -- options -----------------------------------------------------------------------
 

@@ -214,6 +214,7 @@ def turn_complete(
     metrics: dict[str, float],
     crossed: dict | None = None,
     combine: Callable[[list[bytes]], bytes] | None = None,
+    own_checkpoint: bool = True,
 ) -> Turn:
     """Finish the turn (:func:`training.services.turn_finish`) and make its last
     checkpoint the job's server state, which the next turn starts from; drop the rest.
@@ -223,6 +224,9 @@ def turn_complete(
     becomes ``combine`` of the group's last checkpoints instead (the server's exported
     parties from each, in position order), in the same transaction: a failure to combine
     leaves the turn running, to be served again.
+
+    Without ``own_checkpoint`` (turns that share one server segment, SFLV2) the job's
+    server state stays where the group's task recorded it (:func:`shared_end_record`).
     """
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=turn.job_id)
@@ -233,6 +237,8 @@ def turn_complete(
             .order_by("-step")
             .first()
         )
+        if not own_checkpoint:
+            latest = None
         own = latest
         result = _combined_result(job=job, finished=finished, combine=combine)
         if result is not None:
@@ -341,6 +347,50 @@ def _record_result(
             "created_at": timezone.now(),
         },
     )
+    return row
+
+
+def shared_start(*, job: Job, round_index: int) -> ServerCheckpoint | None:
+    """Where the shared server segment of ``round_index`` starts (SFLV2): the end of the
+    round before, as :func:`shared_end_record` recorded it; ``None`` for the first round.
+
+    Raises:
+        StoreError: a later round's start is not recorded.
+    """
+    if round_index == 0:
+        return None
+    row = ServerCheckpoint.objects.filter(
+        job=job, round_index=round_index, position=0, step=0
+    ).first()
+    if row is None:
+        raise StoreError(
+            f"the shared server segment's state at the start of round {round_index} of job "
+            f"{job.pk} is gone; the round cannot start"
+        )
+    return row
+
+
+def shared_end_record(*, turn: Turn, round_index: int, data: bytes) -> ServerCheckpoint:
+    """The shared server segment after every training step of ``round_index`` (SFLV2): the
+    job's server state, at the place the next round starts from (round + 1, position 0,
+    step 0; after the last round, the job's result)."""
+    path = checkpoint_path(job_id=turn.job_id, round_index=round_index + 1, position=0, step=0)
+    digest = write_atomic(checkpoint_dir() / path, data)
+    with transaction.atomic():
+        row, _ = ServerCheckpoint.objects.update_or_create(
+            job_id=turn.job_id,
+            round_index=round_index + 1,
+            position=0,
+            step=0,
+            defaults={
+                "turn": turn,
+                "path": path,
+                "sha256": digest,
+                "size_bytes": len(data),
+                "created_at": timezone.now(),
+            },
+        )
+        Job.objects.filter(pk=turn.job_id).update(server_checkpoint=row)
     return row
 
 

@@ -171,12 +171,14 @@ def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
     mode = form.locator("select[name=mode]")
     options = mode.locator("option").evaluate_all("nodes => nodes.map(n => [n.value, n.text])")
     # SplitFed is offered once per configuration the platform runs (GET /api/modes/ lists
-    # them; SFLV2's runs_on_platform is false: in process only, not offered).
+    # them, each with runs_on_platform).
     assert options == [
         ["vanilla", "Vanilla"],
         ["ushaped", "U-shaped"],
         ['splitfed:{"variant":"v1","labels":"server"}', "SplitFed (SFLV1, labels at the server)"],
         ['splitfed:{"variant":"v1","labels":"hospital"}', "SplitFed (SFLV1, labels at home)"],
+        ['splitfed:{"variant":"v2","labels":"server"}', "SplitFed (SFLV2, labels at the server)"],
+        ['splitfed:{"variant":"v2","labels":"hospital"}', "SplitFed (SFLV2, labels at home)"],
     ]
     codecs = form.locator("select[name=codec] option")
     assert codecs.evaluate_all("nodes => nodes.map(n => [n.value, n.text])") == [

@@ -1,15 +1,16 @@
-"""SplitFed (SFLV1) through the platform, with real processes: the coordinator (a live
-server), the real Redis with a user per hospital, two Celery workers and beat, and two
-agent processes.
+"""SplitFed through the platform, with real processes: the coordinator (a live server),
+the real Redis with a user per hospital, two Celery workers and beat, and two agent
+processes; SFLV1 with the labels at the server, SFLV2 with the labels at home.
 
-Each round the two hospitals train at once, each with its own copy of the server segment;
-then each masks its front and submits it through the relay, a worker sums the masked
-vectors, and each hospital unmasks the average. The job's result (every agent's final
-front and the job's server segment) equals, bit for bit (``torch.equal``), the in-process
-reference that trains each hospital's whole model over the same batches and averages in
-the same fixed-point arithmetic in the clear (``train_parallel_unsplit``); no hospital
-handed its weights to another, and the audit log holds every submission and aggregate by
-size and digest only.
+Each round the two hospitals train at once, each with its own copy of the server segment
+(SFLV1: one task per turn) or on one shared segment serving their steps in the order drawn
+from the job's seed (SFLV2: one task for the round); then each masks its segments and
+submits them through the relay, a worker sums the masked vectors, and each hospital
+unmasks the average. The job's result (every agent's final weights and the job's server
+segment) equals, bit for bit (``torch.equal``), the in-process reference that trains each
+hospital's whole model over the same batches and averages in the same fixed-point
+arithmetic in the clear (``train_parallel_unsplit``); no hospital handed its weights to
+another, and the audit log holds every submission and aggregate by size and digest only.
 """
 
 from __future__ import annotations
@@ -50,8 +51,19 @@ def consortium(live_server, settings, redis_url: str) -> str:
     return live_server.url
 
 
-def test_splitfed_v1_trains_in_parallel_and_averages_securely_and_exactly(
-    processes: Processes, consortium: str, redis_url: str, tmp_path: Path, admin_actor
+@pytest.mark.parametrize(
+    ("variant", "labels"),
+    [("v1", "server"), ("v2", "hospital")],
+    ids=["sflv1-labels-at-the-server", "sflv2-labels-at-home"],
+)
+def test_splitfed_trains_in_parallel_and_averages_securely_and_exactly(
+    processes: Processes,
+    consortium: str,
+    redis_url: str,
+    tmp_path: Path,
+    admin_actor,
+    variant: str,
+    labels: str,
 ) -> None:
     agents = Agents(processes, consortium, tmp_path).enrol(admin_actor, 2)
     with workers_relay_user(redis_url, processes):
@@ -62,7 +74,8 @@ def test_splitfed_v1_trains_in_parallel_and_averages_securely_and_exactly(
             admin_actor,
             agents.hospitals,
             mode="splitfed",
-            mode_options={"variant": "v1", "labels": "server"},
+            mode_options={"variant": variant, "labels": labels},
+            cuts=["pool1"] if labels == "server" else ["pool1", "pool"],
             rounds=2,
             max_steps_per_turn=4,
         )
