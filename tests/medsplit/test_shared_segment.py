@@ -67,9 +67,8 @@ def test_a_turn_cannot_load_the_start_again_once_a_step_ran() -> None:
     restored(gate, 0, 1)
     gate.acquire(0, 0)
     gate.release(0, 0)
-    with pytest.raises(TurnFailed, match="cannot go back for one hospital"):
-        with gate.restoring(1, 0):
-            pass
+    with pytest.raises(TurnFailed, match="cannot go back for one hospital"), gate.restoring(1, 0):
+        pass
 
 
 def test_a_step_out_of_its_turns_order_is_refused() -> None:
