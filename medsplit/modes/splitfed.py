@@ -33,8 +33,8 @@ import torch
 from medsplit.cutting import SplitModel
 from medsplit.errors import ConfigError, RoundPlanError
 from medsplit.modes.base import GroupServer, ModeOption, Side, SplitMode, StartFrom
-from medsplit.modes.ushaped import UShapedClient, UShapedMode, UShapedServer
-from medsplit.modes.vanilla import VanillaClient, VanillaMode, VanillaServer
+from medsplit.modes.ushaped import UShapedMode
+from medsplit.modes.vanilla import VanillaMode
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
@@ -130,18 +130,10 @@ class SplitFedMode(SplitMode):
         codec: str = "none",
         loss_fn: LossFn | None = None,
     ) -> ClientRole:
-        if self.label_side == Side.HOSPITAL:
-            return UShapedClient(
-                front=parties["front"],
-                head=parties["head"],
-                boundaries=(split.boundaries[0], split.boundaries[1]),
-                loss_fn=loss_fn,
-                codec=codec,
-                mode=self.name,
-            )
-        return VanillaClient(
-            front=parties["front"], boundary=split.boundaries[0], codec=codec, mode=self.name
-        )
+        # The base mode's own hook, run on this mode: its roles then carry this mode's name
+        # (a role writes the name of the mode that built it), and no role is written twice.
+        build = type(self._base).client_role
+        return build(self, parties, split, codec=codec, loss_fn=loss_fn)  # type: ignore[arg-type]
 
     def server_role(
         self,
@@ -153,23 +145,9 @@ class SplitFedMode(SplitMode):
         loss_fn: LossFn | None = None,
         limits: FrameLimits | None = None,
     ) -> ServerRole:
-        if self.label_side == Side.HOSPITAL:
-            return UShapedServer(
-                middle=party,
-                boundaries=(split.boundaries[0], split.boundaries[1]),
-                job=job,
-                codec=codec,
-                limits=limits,
-                mode=self.name,
-            )
-        return VanillaServer(
-            tail=party,
-            boundary=split.boundaries[0],
-            job=job,
-            loss_fn=loss_fn,
-            codec=codec,
-            limits=limits,
-            mode=self.name,
+        build = type(self._base).server_role  # as in client_role
+        return build(  # type: ignore[arg-type]
+            self, party, split, job=job, codec=codec, loss_fn=loss_fn, limits=limits
         )
 
     def eval_logits(
