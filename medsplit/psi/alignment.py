@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from medsplit.psi.errors import DigestMismatch, IntersectionTooSmall, PsiError, PsiMessageError
 from medsplit.psi.identifiers import MAX_IDENTIFIER_LENGTH, MAX_IDENTIFIERS, check_identifiers
 
-__all__ = ["ALIGNMENT_MAGIC", "Alignment", "align", "common_order", "order_key"]
+__all__ = ["ALIGNMENT_MAGIC", "Alignment", "align", "common_order", "order_key", "seed_bytes"]
 
 ALIGNMENT_MAGIC = b"medsplit/psi/intersection/v1\n"
 _SEED_BOUND = 2**64
@@ -28,7 +28,7 @@ _SEED_BOUND = 2**64
 
 def order_key(seed: int) -> bytes:
     """The HMAC key of the common order, derived from the job's seed (0 to 2^64 - 1)."""
-    return hashlib.sha256(b"medsplit/psi/order/v1\0" + _seed_bytes(seed)).digest()
+    return hashlib.sha256(b"medsplit/psi/order/v1\0" + seed_bytes(seed)).digest()
 
 
 def common_order(identifiers: Sequence[str], *, seed: int) -> tuple[str, ...]:
@@ -160,7 +160,8 @@ def _check_minimum(size: int | None, minimum: int) -> None:
         )
 
 
-def _seed_bytes(seed: int) -> bytes:
+def seed_bytes(seed: int) -> bytes:
+    """The job's seed as the 8 big-endian bytes every derived key starts from."""
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < _SEED_BOUND:
         raise PsiError(f"the job's seed must be an integer in 0..2^64-1, got {seed!r}")
     return seed.to_bytes(8, "big")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from medsplit.psi.alignment import Alignment
+from medsplit.psi.alignment import Alignment, seed_bytes
 from medsplit.psi.errors import PsiError
 
 __all__ = ["epoch_batches", "epoch_order"]
@@ -24,7 +24,7 @@ def epoch_order(alignment: Alignment, *, seed: int, epoch: int) -> list[int]:
         raise PsiError(f"epoch must be an integer in 0..2^32-1, got {epoch!r}")
     key = hashlib.sha256(
         b"medsplit/psi/epoch/v1\0"
-        + seed.to_bytes(8, "big")
+        + seed_bytes(seed)
         + epoch.to_bytes(4, "big")
         + bytes.fromhex(alignment.digest())
     ).digest()

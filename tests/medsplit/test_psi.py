@@ -303,3 +303,9 @@ def test_batches_cover_the_epoch_order_and_drop_last_drops_the_short_one() -> No
     assert [len(b) for b in batches] == [4, 4, 2]
     assert [i for b in batches for i in b] == epoch_order(alignment, seed=SEED, epoch=0)
     assert len(epoch_batches(alignment, 4, seed=SEED, epoch=0, drop_last=True)) == 2
+
+
+def test_a_seed_out_of_range_is_refused() -> None:
+    alignment = align(["P1", "P2"], [["P1", "P2"]], seed=SEED, minimum=1)
+    with pytest.raises(PsiError, match=r"seed must be an integer in 0..2\^64-1, got -1"):
+        epoch_order(alignment, seed=-1, epoch=0)
