@@ -68,6 +68,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
     Benchmark("bench_faults", 12, (), ("--faults", "none", "relay_mid_step")),
     Benchmark("bench_secagg", 0.5, (), ("--repeats", "3", "--parameters", "262144")),
+    Benchmark(
+        "bench_splitfed",
+        7,
+        (),
+        ("--seeds", "0", "--epochs", "2", "--repeats", "2", "--steps", "3", "--ks", "3", "5"),
+    ),
 )
 
 
