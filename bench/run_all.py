@@ -46,7 +46,8 @@ class Benchmark:
 
 
 # In the document's order. Minutes: what a full run took on the 2-core machine when quiet
-# (2026-11-30, 18 minutes in all); under other load they grow several times.
+# (2026-11-30, 18 minutes in all; about 25 with bench_splitfed and bench_psi, 2026-12-01);
+# under other load they grow several times.
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_accuracy", 4, (), ("--seeds", "0", "--epochs", "3")),
     Benchmark("bench_overhead", 1.5, (), ("--steps", "8")),
@@ -68,6 +69,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
     Benchmark("bench_faults", 12, (), ("--faults", "none", "relay_mid_step")),
     Benchmark("bench_secagg", 0.5, (), ("--repeats", "3", "--parameters", "262144")),
+    Benchmark("bench_psi", 3, ("--gcs",), ("--sizes", "1000", "10000")),
+    Benchmark(
+        "bench_splitfed",
+        7,
+        (),
+        ("--seeds", "0", "--epochs", "2", "--repeats", "2", "--steps", "3", "--ks", "3", "5"),
+    ),
 )
 
 

@@ -161,6 +161,26 @@ class Coordinator:
         body = {"turn": turn, "reason": reason}
         return self._call("POST", f"/api/agent/assignments/{job}/problems/", json=body)
 
+    def record_submission(
+        self,
+        *,
+        job: int,
+        round_index: int,
+        attempt: int,
+        sha256: str,
+        size_bytes: int,
+        counts: dict[str, list[int]],
+    ) -> dict[str, Any]:
+        """Tell the coordinator this hospital's masked submission is on the relay."""
+        body = {
+            "round": round_index,
+            "attempt": attempt,
+            "sha256": sha256,
+            "size_bytes": size_bytes,
+            "counts": counts,
+        }
+        return self._call("POST", f"/api/agent/assignments/{job}/submissions/", json=body)
+
     def report_loss(self, *, job: int, turn: int, step: int, loss: float) -> dict[str, Any]:
         """The hospital's own training loss at ``step`` of its running turn (modes whose
         loss is computed at the hospital). Tried for a couple of seconds only: a late

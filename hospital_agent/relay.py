@@ -119,6 +119,39 @@ class Relay:
                 client.close()
             time.sleep(1.0)
 
+    def put_mail(
+        self, *, keys: RelayKeys, job: str, recipient: str, topic: str, blob: bytes, ttl: int
+    ) -> None:
+        """Leave ``blob`` for ``recipient`` under this hospital's mail key about ``topic``
+        (replacing the last one), for ``ttl`` seconds.
+
+        Raises:
+            ChannelError: the relay refused or did not answer.
+        """
+        name = keys.mail(job, sender=self.credentials.hospital, recipient=recipient, topic=topic)
+        client = self._client()
+        try:
+            client.set(name, blob, ex=ttl)
+        except redis.RedisError as e:
+            raise ChannelError(f"leaving {topic} for {recipient} on the relay failed: {e}") from e
+        finally:
+            client.close()
+
+    def get_mail(self, *, keys: RelayKeys, job: str, sender: str, topic: str) -> bytes | None:
+        """The blob ``sender`` left for this hospital about ``topic``, if there is one.
+
+        Raises:
+            ChannelError: the relay refused or did not answer.
+        """
+        name = keys.mail(job, sender=sender, recipient=self.credentials.hospital, topic=topic)
+        client = self._client()
+        try:
+            return client.get(name)
+        except redis.RedisError as e:
+            raise ChannelError(f"fetching {topic} from {sender} failed: {e}") from e
+        finally:
+            client.close()
+
     def restore_handoffs(self, job: str) -> int:
         """Put back the blobs of ``job`` this agent left, where the relay lost them (see
         :mod:`hospital_agent.outbox`); how many were written again. A relay that does not

@@ -171,6 +171,8 @@ class Agent:
             taker.prepare(assignment)
             if raw["state"] == "running" and raw["turn"] and raw["turn"]["status"] == "running":
                 taker.take(assignment)
+            elif raw["state"] == "running" and _owes_submission(raw, taker.me):
+                taker.submit_secure(assignment)
         except (HandoffMissing, CoordinatorError) as e:
             if isinstance(e, TokenRefused):
                 raise
@@ -226,6 +228,16 @@ class Agent:
             except CoordinatorError as e:
                 logger.warning("heartbeat: %s", e)
             self.stopping.wait(self.config.heartbeat_seconds)
+
+
+def _owes_submission(raw: dict, me: str) -> bool:
+    """Whether the assignment's secure aggregation attempt waits for this hospital."""
+    aggregation = raw.get("aggregation") or {}
+    return (
+        aggregation.get("status") == "collecting"
+        and me in (aggregation.get("weights") or {})
+        and me not in (aggregation.get("submitted") or {})
+    )
 
 
 def use_deterministic_kernels(on: bool) -> None:

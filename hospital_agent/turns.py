@@ -42,6 +42,7 @@ from hospital_agent.job_keys import JobKeys
 from hospital_agent.loss_report import LossReporter
 from hospital_agent.pins import PeerKeyRefused, Pins, check_own_identity
 from hospital_agent.relay import Relay
+from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
@@ -173,6 +174,17 @@ class TurnTaker:
         self.on_status = on_status
         self.on_data_problem = on_data_problem
         self._data: dict[tuple, LocalData] = {}
+        self.secure = SecureRounds(
+            me=self.me,
+            identity=identity,
+            relay=self.relay,
+            coordinator=coordinator,
+            pins=self.pins,
+            job_keys=self.job_keys,
+            folder=self.jobs_dir,
+            stopping=stopping,
+            wait=config.reply_timeout,
+        )
 
     def jobs_dir(self, job: int) -> Path:
         return self.config.work_dir / "jobs" / f"job-{job}"
@@ -436,6 +448,17 @@ class TurnTaker:
         if start is not None and start["kind"] != StartFrom.PREVIOUS:
             # The job's mode plans otherwise than a chain of hand-offs.
             split = split or assignment.model().split(config)
+            if start["kind"] == StartFrom.AGGREGATE and start.get("aggregation"):
+                # Securely aggregated: the average only this hospital (and its peers) unmasks.
+                ready = split
+                return self.secure.average(
+                    job=assignment.job,
+                    job_name=assignment.job_name,
+                    keys=assignment.relay_keys,
+                    aggregation=start["aggregation"],
+                    participants=assignment.raw["participants"],
+                    fresh=lambda: client_parties(ready, config),
+                )
             if start["kind"] == StartFrom.AGGREGATE and start["sources"]:
                 return self._combined(assignment, config, split, start["sources"], wait=wait)
             return export_parties(client_parties(split, config))
@@ -527,6 +550,10 @@ class TurnTaker:
             PeerKeyRefused: some participant's keys were refused (after sealing for the rest).
         """
         write_private(self.jobs_dir(assignment.job) / "state.safetensors", state)
+        if assignment.config().split_mode.secure_aggregation:
+            # Nobody gets this state in the clear: it goes into the round's secure
+            # aggregation (submit_secure), masked.
+            return
         pending = assignment.others(self.me)
         deadline = time.monotonic() + self.config.reply_timeout
         sealed, refused = 0, []
@@ -591,6 +618,22 @@ class TurnTaker:
             recipient=recipient,
             ciphertext_sha256=digest,
             size_bytes=size,
+        )
+
+    def submit_secure(self, assignment: Assignment) -> str:
+        """Take part in the assignment's open secure aggregation attempt with the state
+        this hospital's last turn ended in (see :mod:`hospital_agent.secure_rounds`)."""
+        config = assignment.config()
+        split = cached_split(assignment.model(), config.cuts)
+        state = (self.jobs_dir(assignment.job) / "state.safetensors").read_bytes()
+        return self.secure.submit(
+            job=assignment.job,
+            job_name=assignment.job_name,
+            keys=assignment.relay_keys,
+            aggregation=assignment.raw["aggregation"],
+            participants=assignment.raw["participants"],
+            state=state,
+            fresh=lambda: client_parties(split, config),
         )
 
     def _topic(self, assignment: Assignment, round_index: int) -> str:

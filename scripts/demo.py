@@ -45,6 +45,16 @@ class DemoError(Exception):
     """A bad argument: printed as one line, exit code 2, nothing started."""
 
 
+def parallel_turns(mode_name: str, hospitals: int) -> int:
+    """How many turns of a job in ``mode_name`` run at once, each with a task of its own."""
+    from medsplit.modes import GroupServer, get_mode
+
+    mode = get_mode(mode_name)
+    if mode.group_server() == GroupServer.SHARED:
+        return 1  # one task serves the whole group
+    return max(len(group) for group in mode.plan_round(list(range(hospitals))))
+
+
 def say(message: str) -> None:
     print(f"medsplit demo | {message}", flush=True)
 
@@ -470,7 +480,13 @@ def run(
     )
     celery = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
     queue = env["MEDSPLIT_CELERY_QUEUE"]
-    children.start("worker", [*celery, "worker", "--pool=solo", "-Q", queue, "-l", "INFO"])
+    # One worker per turn that runs at the same time: a parallel round with a copy of the
+    # server segment per turn (SplitFed's SFLV1) needs one each; round-robin needs one.
+    for w in range(parallel_turns(args.mode, len(HOSPITALS))):
+        children.start(
+            f"worker-{w}",
+            [*celery, "worker", "--pool=solo", "-Q", queue, "-n", f"w{w}@%h", "-l", "INFO"],
+        )
     schedule = work.entry("scheduler")
     schedule.mkdir(exist_ok=True)
     children.start("scheduler", [*celery, "beat", "-s", str(schedule / "beat"), "-l", "INFO"])

@@ -122,5 +122,7 @@ class RelayGuard:
         if key.endswith(":seq"):
             return limits.counter_bytes
         if key.startswith(self.keys.hospital_prefix(hospital)):
+            if key.endswith((":agg:up", ":agg:down")):  # masked vectors, not frames
+                return limits.aggregation_stream_bytes or KEY_OVERHEAD
             return limits.stream_bytes
         return limits.blob_bytes + KEY_OVERHEAD

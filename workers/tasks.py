@@ -11,13 +11,19 @@ import uuid
 import redis
 
 from hospitals.errors import RelayProvisioningFailed
+from training.aggregation import (
+    aggregation_dispatched,
+    aggregations_overdue,
+    aggregations_to_sum,
+    turns_overdue,
+)
 from training.scheduling import (
     job_advance_group,
     jobs_to_advance,
     turn_dispatched,
     turns_without_runner,
 )
-from workers import relay_watch, turn_runner
+from workers import aggregation_runner, group_runner, relay_watch, turn_runner
 from workers.celery_app import app
 
 logger = logging.getLogger(__name__)
@@ -27,14 +33,34 @@ logger = logging.getLogger(__name__)
 def advance_job(job_id: int) -> None:
     """Start a scheduled job or move a running one on; send each turn of its current
     group to a worker (the turns of one group run at the same time)."""
-    for turn in job_advance_group(job_id=job_id):
+    turns = job_advance_group(job_id=job_id)
+    if turns and group_runner.shares_segment(turns[0].job):
+        turns = turns[:1]  # one task serves the whole group on its one server segment
+    for turn in turns:
         _send_turn(turn.pk)
+    for aggregation_id in aggregations_to_sum(job_id=job_id):
+        _send_aggregation(aggregation_id)
+
+
+@app.task(name="medsplit.aggregate_round")
+def aggregate_round(aggregation_id: int) -> str:
+    """Sum the masked submissions of a secure aggregation attempt; then move the job on."""
+    result = aggregation_runner.run(aggregation_id)
+    if result.job_id is not None:
+        advance_job.delay(result.job_id)
+    return result.outcome
 
 
 @app.task(name="medsplit.run_turn")
 def run_turn(turn_id: int) -> str:
     """Run the server side of a turn (it may take minutes); then move the job on."""
     runner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    if group_runner.group_of_shared_segment(turn_id):
+        outcome = group_runner.run(turn_id, runner=runner)
+        job_id = group_runner.job_of(turn_id)
+        if outcome != "not claimed" and job_id is not None:
+            advance_job.delay(job_id)
+        return outcome
     result = turn_runner.run(turn_id, runner=runner)
     if result.advance:
         advance_job.delay(result.job_id)
@@ -50,6 +76,12 @@ def sweep() -> None:
     and hold every hospital to what its jobs allow it to store on the relay."""
     for job_id in jobs_to_advance():
         advance_job.delay(job_id)
+    # Parallel rounds past their deadline: stragglers and missing submissions are left
+    # to each job's failure policy (the follow-up advance comes on commit).
+    turns_overdue()
+    aggregations_overdue()
+    for aggregation_id in aggregations_to_sum():
+        _send_aggregation(aggregation_id)
     for turn_id in turns_without_runner():
         logger.info("turn %s has no live runner; sending it to a worker", turn_id)
         _send_turn(turn_id)
@@ -63,3 +95,8 @@ def sweep() -> None:
 def _send_turn(turn_id: int, *, countdown: float = 0.0) -> None:
     turn_dispatched(turn_id=turn_id, delay=countdown)
     run_turn.apply_async((turn_id,), countdown=countdown)
+
+
+def _send_aggregation(aggregation_id: int) -> None:
+    aggregation_dispatched(aggregation_id=aggregation_id)
+    aggregate_round.delay(aggregation_id)

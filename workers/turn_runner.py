@@ -182,6 +182,7 @@ def run(turn_id: int, *, runner: str) -> RunResult:
                     initial=progress,
                     # After a crash or a failed attempt, stale frames and counters may be left.
                     reset_streams=claim.taken_over or turn.attempt > 1,
+                    mode=config.split_mode,
                 )
                 outcome = server.run()
                 result = RunResult(outcome.value, job.pk, advance=outcome.value == "completed")
@@ -373,7 +374,8 @@ class DatabaseCheckpointStore(StateStore):
                     f"{', '.join(missing)}) are gone; the turn cannot start"
                 )
             blobs = [read_verified(checkpoint_dir() / row.path, row.sha256) for row in ends]
-            return get_mode(self.turn.job.mode).combine_exported(blobs, self.fresh)
+            # Weighted by the secure aggregation's public weights, where the mode has one.
+            return get_mode(self.turn.job.mode).combine_exported(blobs, self.fresh, start.weights)
         job = Job.objects.select_related("server_checkpoint").get(pk=self.turn.job_id)
         row = job.server_checkpoint
         if row is None:

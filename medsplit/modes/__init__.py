@@ -8,6 +8,7 @@ plan) is asked of the job's mode through this interface; see ``docs/design.md#mo
 from medsplit.modes.base import (
     SERVER_PARTY,
     GroupServer,
+    ModeConfiguration,
     ModeDescription,
     ModeOption,
     SegmentRole,
@@ -31,6 +32,7 @@ __all__ = [
     "MODES",
     "SERVER_PARTY",
     "GroupServer",
+    "ModeConfiguration",
     "ModeDescription",
     "ModeOption",
     "SegmentRole",

@@ -29,6 +29,7 @@ segments are combined by secure aggregation, :mod:`medsplit.secagg`) and
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ from medsplit.protocol.roles import (
 )
 from medsplit.wire import Frame, FrameKind, FrameSpec
 
+#: The most option combinations a mode lists as configurations (a form's choices).
+MAX_CONFIGURATIONS = 16
 #: The name of the server's party, wherever parties are listed by name.
 SERVER_PARTY = "server"
 
@@ -166,6 +169,7 @@ class ModeDescription:
     segments: tuple[SegmentRole, ...]
     options: tuple[ModeOption, ...] = field(default=())
     runs_on_platform: bool = True
+    configurations: tuple[ModeConfiguration, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +180,31 @@ class ModeDescription:
             "labels": self.labels.value,
             "segments": [s.to_json() for s in self.segments],
             "options": [o.to_json() for o in self.options],
+            "runs_on_platform": self.runs_on_platform,
+            "configurations": [c.to_json() for c in self.configurations],
+        }
+
+
+@dataclass(frozen=True)
+class ModeConfiguration:
+    """The mode bound to one choice of each of its options (:meth:`SplitMode.with_options`):
+    what its cuts, labels and segments then are, and whether the platform runs it; what a
+    form offers as one choice."""
+
+    options: Mapping[str, Any]
+    title: str
+    cuts: int
+    labels: Side
+    segments: tuple[SegmentRole, ...]
+    runs_on_platform: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "options": dict(self.options),
+            "title": self.title,
+            "cuts": self.cuts,
+            "labels": self.labels.value,
+            "segments": [s.to_json() for s in self.segments],
             "runs_on_platform": self.runs_on_platform,
         }
 
@@ -463,6 +492,36 @@ class SplitMode(ABC):
         self.check_options(values)
         return self
 
+    def configuration_title(self) -> str:
+        """How a form names this mode bound to its options. Default: the title."""
+        return self.title
+
+    def configurations(self) -> tuple[ModeConfiguration, ...]:
+        """The mode under every combination of its options' choices (all of them have
+        choices, and at most :data:`MAX_CONFIGURATIONS` combinations), in the options'
+        order; else none (a form then offers the mode with its defaults only)."""
+        options = self.options()
+        if not options or any(not o.choices for o in options):
+            return ()
+        combinations = list(itertools.product(*(o.choices for o in options)))
+        if len(combinations) > MAX_CONFIGURATIONS:
+            return ()
+        out = []
+        for values in combinations:
+            chosen = dict(zip((o.name for o in options), values, strict=True))
+            bound = self.with_options(chosen)
+            out.append(
+                ModeConfiguration(
+                    options=chosen,
+                    title=bound.configuration_title(),
+                    cuts=bound.cuts,
+                    labels=bound.labels,
+                    segments=bound.segments(),
+                    runs_on_platform=bound.runs_on_platform,
+                )
+            )
+        return tuple(out)
+
     def describe(self) -> ModeDescription:
         """The mode as the API, the dashboard and the CLI show it."""
         return ModeDescription(
@@ -474,6 +533,7 @@ class SplitMode(ABC):
             segments=self.segments(),
             options=self.options(),
             runs_on_platform=self.runs_on_platform,
+            configurations=self.configurations(),
         )
 
     def __repr__(self) -> str:

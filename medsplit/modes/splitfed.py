@@ -15,10 +15,11 @@ averaged like the fronts) or ``v2`` (SFLV2: one server segment serving every hos
 steps in a seeded interleaving, :meth:`SplitFedMode.step_order`); ``labels`` ``server``
 (vanilla placement, one cut) or ``hospital`` (U-shaped placement, two cuts).
 
-The platform does not run it yet (:attr:`SplitFedMode.runs_on_platform` is ``False``):
-the coordinator must refuse its jobs until the agents submit masked segments through the
-relay to a worker aggregator. In process, :class:`medsplit.training.split_job.SplitJob`
-runs it with the secure aggregation performed for real.
+The platform runs SFLV1 (:attr:`SplitFedMode.runs_on_platform`): the agents submit masked
+segments through the relay to a worker aggregator (docs/protocol.md, "Secure aggregation
+on the platform"); SFLV2 runs in process only. In process,
+:class:`medsplit.training.split_job.SplitJob` runs both with the secure aggregation
+performed for real.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import torch
 from medsplit.cutting import SplitModel
 from medsplit.errors import ConfigError, RoundPlanError
 from medsplit.modes.base import GroupServer, ModeOption, Side, SplitMode, StartFrom
-from medsplit.modes.ushaped import UShapedClient, UShapedMode, UShapedServer
-from medsplit.modes.vanilla import VanillaClient, VanillaMode, VanillaServer
+from medsplit.modes.ushaped import UShapedMode
+from medsplit.modes.vanilla import VanillaMode
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, ServerRole
@@ -88,7 +89,6 @@ class SplitFedMode(SplitMode):
     labels = Side.SERVER
     server_segment = 1
     secure_aggregation = True
-    runs_on_platform = False
     parallel_in_process = True
 
     def __init__(self, variant: str = V1, labels: str = Side.SERVER.value) -> None:
@@ -106,6 +106,10 @@ class SplitFedMode(SplitMode):
 
     def options(self) -> tuple[ModeOption, ...]:
         return (VARIANT, LABELS_OPTION)
+
+    def configuration_title(self) -> str:
+        where = "labels at home" if self.label_side == Side.HOSPITAL else "labels at the server"
+        return f"SplitFed ({'SFLV1' if self.variant == V1 else 'SFLV2'}, {where})"
 
     def with_options(self, values: Mapping[str, Any]) -> SplitFedMode:
         filled = self.check_options(values)
@@ -126,18 +130,10 @@ class SplitFedMode(SplitMode):
         codec: str = "none",
         loss_fn: LossFn | None = None,
     ) -> ClientRole:
-        if self.label_side == Side.HOSPITAL:
-            return UShapedClient(
-                front=parties["front"],
-                head=parties["head"],
-                boundaries=(split.boundaries[0], split.boundaries[1]),
-                loss_fn=loss_fn,
-                codec=codec,
-                mode=self.name,
-            )
-        return VanillaClient(
-            front=parties["front"], boundary=split.boundaries[0], codec=codec, mode=self.name
-        )
+        # The base mode's own hook, run on this mode: its roles then carry this mode's name
+        # (a role writes the name of the mode that built it), and no role is written twice.
+        build = type(self._base).client_role
+        return build(self, parties, split, codec=codec, loss_fn=loss_fn)  # type: ignore[arg-type]
 
     def server_role(
         self,
@@ -149,23 +145,9 @@ class SplitFedMode(SplitMode):
         loss_fn: LossFn | None = None,
         limits: FrameLimits | None = None,
     ) -> ServerRole:
-        if self.label_side == Side.HOSPITAL:
-            return UShapedServer(
-                middle=party,
-                boundaries=(split.boundaries[0], split.boundaries[1]),
-                job=job,
-                codec=codec,
-                limits=limits,
-                mode=self.name,
-            )
-        return VanillaServer(
-            tail=party,
-            boundary=split.boundaries[0],
-            job=job,
-            loss_fn=loss_fn,
-            codec=codec,
-            limits=limits,
-            mode=self.name,
+        build = type(self._base).server_role  # as in client_role
+        return build(  # type: ignore[arg-type]
+            self, party, split, job=job, codec=codec, loss_fn=loss_fn, limits=limits
         )
 
     def eval_logits(

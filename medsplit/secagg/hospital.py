@@ -3,8 +3,11 @@ mask its front, and unmask the aggregate into the weighted average."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +20,7 @@ from medsplit.secagg.layout import VectorLayout
 from medsplit.secagg.masks import (
     GROUP,
     PAIR,
+    SECRET_BYTES,
     draw_secret,
     group_mask,
     open_secret,
@@ -92,6 +96,45 @@ class HospitalRound:
         self._seeds = {h: draw_secret() for h in self._peers if me < h}
         self._group_key = draw_secret() if me == round_id.leader else None
         self._masked = False
+
+    # -- kept across a restart of the hospital's process -------------------------------
+
+    def saved(self) -> dict[str, Any]:
+        """This attempt's secrets (drawn and received) as JSON: what a hospital keeps,
+        as privately as its per-job key, so that a restarted process masks with the
+        seeds the others already hold and can still remove the group mask."""
+        b64 = base64.b64encode
+        return {
+            "round_digest": self.round_id.digest(),
+            "me": self.me,
+            "seeds": {h: b64(seed).decode("ascii") for h, seed in self._seeds.items()},
+            "group_key": b64(self._group_key).decode("ascii") if self._group_key else None,
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take back the secrets of :meth:`saved` (of this very attempt and hospital).
+
+        Raises:
+            SecAggError: they were saved for another attempt or hospital, or are malformed.
+        """
+        if saved.get("round_digest") != self.round_id.digest() or saved.get("me") != self.me:
+            raise SecAggError(
+                f"the saved secrets are of another round attempt or hospital than round "
+                f"{self.round_id.round} attempt {self.round_id.attempt} of {self.me!r}"
+            )
+        seeds, group = saved.get("seeds"), saved.get("group_key")
+        if not isinstance(seeds, dict) or set(seeds) - set(self._peers):
+            raise SecAggError("the saved secrets name hospitals that are not peers of this round")
+        try:
+            restored = {h: _secret(v) for h, v in seeds.items()}
+            key = _secret(group) if group is not None else None
+        except (binascii.Error, TypeError, ValueError) as e:
+            raise SecAggError(f"the saved secrets are malformed: {e}") from None
+        drawn = {h for h in self._peers if self.me < h}
+        if not drawn <= set(restored) or (self.me == self.round_id.leader and key is None):
+            raise SecAggError("the saved secrets lack what this hospital drew itself")
+        self._seeds = restored
+        self._group_key = key
 
     @property
     def expected(self) -> tuple[tuple[str, str], ...]:
@@ -216,3 +259,12 @@ class HospitalRound:
         """Decode an unmasked ring sum (as :func:`clear_weighted_sum` gives) into a state
         dict: what :meth:`unmask` does after removing the group masks."""
         return self.layout.unflatten(self.fixed.decode(ring_sum, self.round_id.total_weight))
+
+
+def _secret(value: object) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError("a secret is base64 text")
+    raw = base64.b64decode(value, validate=True)
+    if len(raw) != SECRET_BYTES:
+        raise ValueError(f"a secret has {SECRET_BYTES} bytes")
+    return raw

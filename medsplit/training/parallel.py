@@ -41,6 +41,7 @@ from medsplit.secagg import (
     SecAggError,
     VectorLayout,
 )
+from medsplit.training.aggregate_state import load_party_state, party_state
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import Batch, turn_batches, turn_length
 
@@ -87,21 +88,6 @@ def is_parallel(mode: SplitMode, hospitals: int) -> bool:
     return mode.parallel_in_process and any(
         len(group) > 1 for group in mode.plan_round(list(range(hospitals)))
     )
-
-
-def party_state(parties: Mapping[str, Party]) -> dict[str, torch.Tensor]:
-    """The parties' weights keyed ``"<party>.<name>"`` (as ``combine_exported`` keys them)."""
-    return {
-        f"{name}.{key}": value
-        for name, party in parties.items()
-        for key, value in party.module.state_dict().items()
-    }
-
-
-def load_party_state(parties: Mapping[str, Party], state: Mapping[str, torch.Tensor]) -> None:
-    for name, party in parties.items():
-        own = {k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(f"{name}.")}
-        party.module.load_state_dict(own)
 
 
 @dataclass

@@ -47,6 +47,9 @@ class RelayLimits:
     stream_bytes: int
     blob_bytes: int
     counter_bytes: int = KEY_OVERHEAD
+    #: What one of its secure-aggregation streams (``agg``) may hold: a masked vector of
+    #: its segments (8 bytes a value) and a re-send, or the aggregate; 0 in other modes.
+    aggregation_stream_bytes: int = 0
 
     def max_chunks(self, chunk_bytes: int) -> int:
         """How many chunks of ``chunk_bytes`` the largest frame takes."""
@@ -67,7 +70,22 @@ def relay_limits(split: SplitModel, config: TrainingConfig) -> RelayLimits:
     mine = [split.segments[i] for i in config.split_mode.client_segments().values()]
     state = sum(_state_bytes(segment, config.client_optimizer) for segment in mine)
     blob = int(SLACK * state) + BLOB_OVERHEAD
-    return RelayLimits(frame_bytes=frame, stream_bytes=stream, blob_bytes=blob)
+    aggregation = 0
+    if config.split_mode.secure_aggregation:
+        values = sum(
+            p.numel()
+            for segment in mine
+            for p in segment.state_dict().values()
+            if p.is_floating_point()
+        )
+        submission = int(SLACK * 8 * values) + FRAME_OVERHEAD
+        aggregation = FRAMES_IN_FLIGHT * (submission + ENTRY_OVERHEAD) + KEY_OVERHEAD
+    return RelayLimits(
+        frame_bytes=frame,
+        stream_bytes=stream,
+        blob_bytes=blob,
+        aggregation_stream_bytes=aggregation,
+    )
 
 
 def _outputs(split: SplitModel) -> int:

@@ -172,7 +172,8 @@ class TurnClient:
         limits: FrameLimits | None = None,
     ) -> None:
         self.ids = ids
-        self.mode = get_mode(ids.mode)
+        # The job's mode bound to its options (SplitFed's labels change the roles).
+        self.mode = config.split_mode if config.mode == ids.mode else get_mode(ids.mode)
         self.channel = channel
         self.streams = streams
         self.io = FrameIO(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -144,6 +145,31 @@ class TurnHooks(Protocol):
         ...
 
 
+class StepGate(Protocol):
+    """Where several turns train one shared server segment at once (SFLV2, one task):
+    what lets this turn's step run, in the group's order (:mod:`medsplit.turns.shared`).
+    Its methods raise :class:`TurnFailed` once the group failed."""
+
+    def restoring(self, position: int, start: int) -> AbstractContextManager[None]:
+        """Held while this turn loads the shared segment's state to start from; refuses
+        once any step of the group ran (the segment cannot go back for one hospital)."""
+        ...
+
+    def acquire(self, position: int, step: int) -> None:
+        """Wait until ``step`` of this turn is the group's next, and hold the segment."""
+        ...
+
+    def release(self, position: int, step: int) -> None:
+        """``step`` of this turn is applied: the next in the group's order may run."""
+        ...
+
+    def evaluating(self) -> AbstractContextManager[None]:
+        """Held while this turn validates: once every training step of the group ran, one
+        turn at a time (validation must see the trained segment, and never another
+        turn's step half done)."""
+        ...
+
+
 class _Interrupted(Exception):
     def __init__(self, directive: Directive) -> None:
         self.directive = directive
@@ -214,6 +240,10 @@ class TurnServer:
             place).
         reset_streams: start both streams afresh (a run taking the turn over after a
             failure, when stale frames or counters may be left on them).
+        gate: where several turns share ``party`` in one task (SFLV2), what orders their
+            steps (:class:`StepGate`); ``None``: this turn has the segment to itself.
+        mode: the job's mode bound to its options (``TrainingConfig.split_mode``: where
+            SplitFed's labels are changes its roles); default: ``ids.mode`` as registered.
 
     What changes while it runs: :attr:`turn_state`, :attr:`next_step`, :attr:`nonce`,
     :attr:`role`, :attr:`progress` and the checkpoints' ``saved_through``; the rest is
@@ -240,8 +270,12 @@ class TurnServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         initial: TurnProgress | None = None,
         reset_streams: bool = False,
+        gate: StepGate | None = None,
+        mode: SplitMode | None = None,
     ) -> None:
         policy = CheckpointPolicy(checkpoint_every)
+        if mode is not None and mode.name != ids.mode:
+            raise ValueError(f"the turn is in mode {ids.mode!r}, not {mode.name!r}")
         if limits is None:
             if batch_size is None:
                 raise ValueError("give the turn's limits (or at least its batch_size)")
@@ -249,7 +283,7 @@ class TurnServer:
         elif batch_size is not None and batch_size != limits.batch_size:
             raise ValueError(f"batch_size {batch_size} differs from the limits' {limits}")
         self.ids = ids
-        self.mode: SplitMode = get_mode(ids.mode)
+        self.mode: SplitMode = mode or get_mode(ids.mode)
         self.split = split
         self.party = party
         self.hooks = hooks
@@ -260,6 +294,7 @@ class TurnServer:
         self.poll_interval = poll_interval
         self.loss_fn = loss_fn
         self.reset_streams = reset_streams
+        self.gate = gate
         self.channel = channel
         self.streams = streams
         self.progress = initial or TurnProgress()
@@ -412,7 +447,8 @@ class TurnServer:
             raise self._refused(e) from e
 
     def _restore(self, start: int) -> None:
-        self.checkpoints.restore(start)
+        with self.gate.restoring(self.ids.position, start) if self.gate else nullcontext():
+            self.checkpoints.restore(start)
         self.role = self._new_role()
         self.next_step = start
         self.turn_state.to(ServerState.TRAINING)
@@ -450,6 +486,8 @@ class TurnServer:
             return
         if frame.meta.kind == FrameKind.ACTIVATIONS:
             self._step_samples = _batch_of(frame)
+            if self.gate is not None:  # the shared segment's next step must be this one
+                self.gate.acquire(self.ids.position, frame.meta.step)
         try:
             # The role checks the frame against its spec and the limits before it applies
             # anything (medsplit.protocol.checks).
@@ -466,6 +504,8 @@ class TurnServer:
             self.turn_state.to(ServerState.MID_STEP)
             return
         self.turn_state.to(ServerState.TRAINING)
+        if self.gate is not None:
+            self.gate.release(self.ids.position, frame.meta.step)
         self.next_step += 1
         self.progress.steps = self.next_step
         self.progress.samples += self._step_samples
@@ -496,9 +536,10 @@ class TurnServer:
         if not self._at_next_step(frame):
             return
         try:
-            tensors = self.mode.eval_outputs(
-                frame, party=self.party, split=self.split, limits=self.limits
-            )
+            with self.gate.evaluating() if self.gate else nullcontext():
+                tensors = self.mode.eval_outputs(
+                    frame, party=self.party, split=self.split, limits=self.limits
+                )
         except FrameRejected as e:
             raise self._refused(e) from e
         self._end_training()

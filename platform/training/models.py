@@ -39,6 +39,9 @@ class Job(models.Model):
     rounds = models.PositiveIntegerField(default=1)
     on_failure = models.CharField(max_length=8, choices=OnFailure.choices, default=OnFailure.RETRY)
     max_retries = models.PositiveSmallIntegerField(default=2)
+    # How long a parallel group (a SplitFed round) may take, from its start, and then its
+    # secure aggregation, from its opening: a straggler past it is left to on_failure.
+    round_deadline_seconds = models.PositiveIntegerField(default=3600)
 
     state = models.CharField(
         max_length=16, choices=JobState.choices, default=JobState.DRAFT, db_index=True
@@ -283,4 +286,58 @@ class ServerCheckpoint(models.Model):
         return (
             f"checkpoint of job {self.job_id} round {self.round_index} "
             f"position {self.position} after step {self.step}"
+        )
+
+
+class Aggregation(models.Model):
+    """One attempt of the secure aggregation of a parallel group's hospital segments.
+
+    Opened once every turn of a group of a secure-aggregation mode (SplitFed) ended, with
+    the hospitals whose turns completed and their public weights (training samples). Each
+    hospital puts its masked vector on the relay and reports its SHA-256 and size here,
+    with its integer buffers (batch counts, public); once all have, a worker sums the
+    vectors (never seeing one unmasked) and puts the aggregate on the relay. A hospital
+    that drops, or whose submission is refused, is left out by a new attempt (fresh seeds)
+    or fails the job, as ``Job.on_failure`` says. Sizes, hashes and counts only: no
+    vector is ever stored here.
+    """
+
+    class Status(models.TextChoices):
+        COLLECTING = "collecting"  # waiting for every participant's masked submission
+        SUMMING = "summing"  # a worker sums them
+        DONE = "done"  # the aggregate is on the relay
+        RESTARTED = "restarted"  # replaced by the next attempt
+        FAILED = "failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="aggregations")
+    round_index = models.PositiveIntegerField()
+    group = models.PositiveSmallIntegerField(default=0)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    # {hospital slug: its number of training samples}: the round's public weights.
+    weights = models.JSONField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COLLECTING)
+    # {hospital slug: {"sha256", "size_bytes", "counts", "at"}}, as each reported.
+    submissions = models.JSONField(default=dict, blank=True)
+    aggregate_sha256 = models.CharField(max_length=64, blank=True)
+    aggregate_size_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # The hospitals the attempt before this one had and this one left out, and why.
+    dropped = models.JSONField(default=list, blank=True)
+    failure_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    deadline_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["round_index", "group", "attempt"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "round_index", "group", "attempt"], name="aggregation_attempt_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"aggregation of job {self.job_id} round {self.round_index} attempt "
+            f"{self.attempt} ({self.status})"
         )

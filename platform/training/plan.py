@@ -11,18 +11,47 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from medsplit.modes import StartFrom, get_mode
-from training.models import Job, Turn
+from medsplit.modes import SplitMode, StartFrom, get_mode
+from training.models import Aggregation, Job, Turn
 
 
 @dataclass(frozen=True)
 class TurnStart:
     """Where one turn starts: ``kind``, and the completed turns it starts from (none for
     :attr:`StartFrom.INITIAL`, one for :attr:`StartFrom.PREVIOUS`, the last group's for
-    :attr:`StartFrom.AGGREGATE`), in position order."""
+    :attr:`StartFrom.AGGREGATE`), in position order.
+
+    In a mode that aggregates securely, ``aggregation`` is the last group's aggregation
+    that is done, and the sources are only its participants' turns (a hospital it left out
+    is not averaged); no sources while it is not done."""
 
     kind: StartFrom
     sources: tuple[Turn, ...]
+    aggregation: Aggregation | None = None
+
+    @property
+    def weights(self) -> list[int] | None:
+        """Each source's public weight in the average (secure aggregation), else ``None``."""
+        if self.aggregation is None:
+            return None
+        return [int(self.aggregation.weights[t.hospital.slug]) for t in self.sources]
+
+
+def _secured(mode: SplitMode, job_id: int, kind: StartFrom, group: tuple[Turn, ...]) -> TurnStart:
+    """The start from ``group``'s ends, through its aggregation where the mode has one."""
+    if not mode.secure_aggregation or not group:
+        return TurnStart(kind, group)
+    last = group[-1]
+    aggregation = Aggregation.objects.filter(
+        job_id=job_id,
+        round_index=last.round.index,
+        group=last.group,
+        status=Aggregation.Status.DONE,
+    ).first()
+    if aggregation is None:
+        return TurnStart(kind, ())
+    kept = tuple(t for t in group if t.hospital.slug in aggregation.weights)
+    return TurnStart(kind, kept, aggregation)
 
 
 def turn_start(*, turn: Turn, completed: Sequence[Turn] | None = None) -> TurnStart:
@@ -55,7 +84,8 @@ def turn_start(*, turn: Turn, completed: Sequence[Turn] | None = None) -> TurnSt
     if kind == StartFrom.PREVIOUS:
         return TurnStart(kind, (before[-1],))
     last = (before[-1].round.index, before[-1].group)
-    return TurnStart(kind, tuple(t for t in before if (t.round.index, t.group) == last))
+    group = tuple(t for t in before if (t.round.index, t.group) == last)
+    return _secured(mode, turn.job_id, kind, group)
 
 
 def job_result(*, job: Job, completed: Sequence[Turn] | None = None) -> TurnStart:
@@ -73,11 +103,13 @@ def job_result(*, job: Job, completed: Sequence[Turn] | None = None) -> TurnStar
                 "round", "hospital"
             )
         )
-    kind = get_mode(job.mode).result_from(job.rounds)
+    mode = get_mode(job.mode)
+    kind = mode.result_from(job.rounds)
     ended = sorted(completed, key=lambda t: (t.round.index, t.group, t.position))
     if not ended:
         return TurnStart(kind, ())
     if kind != StartFrom.AGGREGATE:
         return TurnStart(kind, (ended[-1],))
     last = (ended[-1].round.index, ended[-1].group)
-    return TurnStart(kind, tuple(t for t in ended if (t.round.index, t.group) == last))
+    group = tuple(t for t in ended if (t.round.index, t.group) == last)
+    return _secured(mode, job.pk, kind, group)

@@ -25,7 +25,7 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from kernel.actors import Actor
 from medsplit.errors import RoundPlanError
-from medsplit.modes import StartFrom
+from medsplit.modes import StartFrom, get_mode
 from medsplit.turns import Directive
 from medsplit.turns.stores import StoreError, read_verified, write_atomic
 from training.models import Job, ServerCheckpoint, Turn
@@ -214,6 +214,7 @@ def turn_complete(
     metrics: dict[str, float],
     crossed: dict | None = None,
     combine: Callable[[list[bytes]], bytes] | None = None,
+    own_checkpoint: bool = True,
 ) -> Turn:
     """Finish the turn (:func:`training.services.turn_finish`) and make its last
     checkpoint the job's server state, which the next turn starts from; drop the rest.
@@ -223,6 +224,9 @@ def turn_complete(
     becomes ``combine`` of the group's last checkpoints instead (the server's exported
     parties from each, in position order), in the same transaction: a failure to combine
     leaves the turn running, to be served again.
+
+    Without ``own_checkpoint`` (turns that share one server segment, SFLV2) the job's
+    server state stays where the group's task recorded it (:func:`shared_end_record`).
     """
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=turn.job_id)
@@ -233,6 +237,8 @@ def turn_complete(
             .order_by("-step")
             .first()
         )
+        if not own_checkpoint:
+            latest = None
         own = latest
         result = _combined_result(job=job, finished=finished, combine=combine)
         if result is not None:
@@ -269,6 +275,8 @@ def _combined_result(
         round_id=finished.round_id, status__in=(Turn.Status.PENDING, Turn.Status.RUNNING)
     ).exists():
         return None  # a sibling still runs: the last to end combines
+    if get_mode(job.mode).secure_aggregation:
+        return None  # made once the last aggregation is done (job_result_combine)
     result = job_result(job=job)
     if result.kind != StartFrom.AGGREGATE:
         return None
@@ -277,6 +285,41 @@ def _combined_result(
             f"job {job.pk}'s mode combines its last group into the result, but the "
             "turn was completed without a way to combine server states"
         )
+    return _record_result(job=job, result=result, by=finished, combine=combine)
+
+
+def job_result_combine(
+    *, job: Job, combine: Callable[[list[bytes], list[int] | None], bytes]
+) -> ServerCheckpoint | None:
+    """The job's combined server result, made and recorded as ``Job.server_checkpoint``
+    once its last secure aggregation is done: ``combine`` of the server ends of the
+    aggregation's participants' turns, with their weights; ``None`` when its mode's result
+    is not a combination.
+
+    Raises:
+        StoreError: a checkpoint of the last group is gone or altered.
+    """
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        result = job_result(job=locked)
+        if result.kind != StartFrom.AGGREGATE or not result.sources:
+            return None
+        weights = result.weights
+        row = _record_result(
+            job=locked,
+            result=result,
+            by=result.sources[-1],
+            combine=lambda blobs: combine(blobs, weights),
+        )
+        Job.objects.filter(pk=locked.pk).update(server_checkpoint=row)
+    return row
+
+
+def _record_result(
+    *, job: Job, result, by: Turn, combine: Callable[[list[bytes]], bytes]
+) -> ServerCheckpoint:
+    """Combine the server ends of ``result``'s sources and record it at the place one
+    round past the last."""
     ends = [
         checkpoints_of_place(job_id=job.pk, round_index=t.round.index, position=t.position).last()
         for t in result.sources
@@ -297,13 +340,57 @@ def _combined_result(
         position=0,
         step=0,
         defaults={
-            "turn": finished,
+            "turn": by,
             "path": path,
             "sha256": digest,
             "size_bytes": len(data),
             "created_at": timezone.now(),
         },
     )
+    return row
+
+
+def shared_start(*, job: Job, round_index: int) -> ServerCheckpoint | None:
+    """Where the shared server segment of ``round_index`` starts (SFLV2): the end of the
+    round before, as :func:`shared_end_record` recorded it; ``None`` for the first round.
+
+    Raises:
+        StoreError: a later round's start is not recorded.
+    """
+    if round_index == 0:
+        return None
+    row = ServerCheckpoint.objects.filter(
+        job=job, round_index=round_index, position=0, step=0
+    ).first()
+    if row is None:
+        raise StoreError(
+            f"the shared server segment's state at the start of round {round_index} of job "
+            f"{job.pk} is gone; the round cannot start"
+        )
+    return row
+
+
+def shared_end_record(*, turn: Turn, round_index: int, data: bytes) -> ServerCheckpoint:
+    """The shared server segment after every training step of ``round_index`` (SFLV2): the
+    job's server state, at the place the next round starts from (round + 1, position 0,
+    step 0; after the last round, the job's result)."""
+    path = checkpoint_path(job_id=turn.job_id, round_index=round_index + 1, position=0, step=0)
+    digest = write_atomic(checkpoint_dir() / path, data)
+    with transaction.atomic():
+        row, _ = ServerCheckpoint.objects.update_or_create(
+            job_id=turn.job_id,
+            round_index=round_index + 1,
+            position=0,
+            step=0,
+            defaults={
+                "turn": turn,
+                "path": path,
+                "sha256": digest,
+                "size_bytes": len(data),
+                "created_at": timezone.now(),
+            },
+        )
+        Job.objects.filter(pk=turn.job_id).update(server_checkpoint=row)
     return row
 
 

@@ -28,7 +28,7 @@ from medsplit.modes import MODES
 from medsplit.protocol.optim import describe_optimizers
 from medsplit.training.schedule import turn_length
 from medsplit.wire.codecs import describe_codecs
-from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import model_cut_table, parse_input_shape
 
@@ -296,7 +296,8 @@ def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
 
     Each job carries ``my_participation`` (its place in the order), ``my_turns`` (its
     turns, latest last), ``all_participants`` (with their hospitals), ``completed_turns``
-    (the job's, in order) and ``handoffs_to_me``.
+    (the job's, in order), ``handoffs_to_me`` and ``all_aggregations`` (its secure
+    aggregation attempts, in order).
 
     Raises:
         PermissionDenied: the actor is not a hospital's agent.
@@ -330,8 +331,15 @@ def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
             ),
             Prefetch(
                 "participants",
-                queryset=JobParticipant.objects.filter(hospital=hospital),
+                queryset=JobParticipant.objects.filter(hospital=hospital).select_related(
+                    "hospital"
+                ),
                 to_attr="my_participation",
+            ),
+            Prefetch(
+                "aggregations",
+                queryset=Aggregation.objects.order_by("round_index", "group", "attempt"),
+                to_attr="all_aggregations",
             ),
             Prefetch(
                 "turns",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -40,6 +40,7 @@ from kernel.permissions import require_consortium_admin
 from medsplit.modes import require_mode
 from training.dispatch import job_changed_on_commit
 from training.models import (
+    Aggregation,
     HandOff,
     Job,
     JobParticipant,
@@ -95,6 +96,7 @@ def job_create(*, actor: Actor, data: Mapping[str, Any]) -> Job:
             rounds=described.rounds,
             on_failure=spec.on_failure,
             max_retries=spec.max_retries,
+            round_deadline_seconds=spec.round_deadline_seconds,
             state=JobState.DRAFT,
             state_changed_at=now,
             created_by=actor.user if actor.kind == ActorKind.PERSON else None,
@@ -295,9 +297,12 @@ def group_start_next(*, job: Job) -> list[Turn]:
         round_ = locked.round_set.filter(index=locked.current_round or 0).first()
         if round_ is None:  # started by a bare transition: begin at round 0
             round_ = _round_create(job=locked, index=0)
+        secure = require_mode(locked.mode, setting=EXTRA_MODES_SETTING).secure_aggregation
         while True:
             open_turns = round_.turns.filter(status__in=(Turn.Status.PENDING, Turn.Status.RUNNING))
             group = open_turns.order_by("group").values_list("group", flat=True).first()
+            if secure and not _groups_aggregated(locked, round_, before=group):
+                return []  # the aggregation of a group that ended is still under way
             if group is not None:
                 pending = (
                     open_turns.filter(group=group, status=Turn.Status.PENDING)
@@ -323,6 +328,89 @@ def group_start_next(*, job: Job) -> list[Turn]:
                 )
                 return []
             round_ = _round_create(job=locked, index=round_.index + 1)
+
+
+def _groups_aggregated(job: Job, round_: Round, *, before: int | None) -> bool:
+    """Whether every group of ``round_`` that ended (below ``before``; all when ``None``)
+    has its secure aggregation done; opens the first attempt of one that has none yet.
+
+    A group none of whose turns completed leaves nothing to average: the job fails.
+    """
+    groups = sorted(set(round_.turns.values_list("group", flat=True)))
+    for group in (g for g in groups if before is None or g < before):
+        latest = (
+            Aggregation.objects.filter(job=job, round_index=round_.index, group=group)
+            .order_by("-attempt")
+            .first()
+        )
+        if latest is not None and latest.status == Aggregation.Status.DONE:
+            continue
+        if latest is None:
+            completed = list(
+                round_.turns.filter(group=group, status=Turn.Status.COMPLETED)
+                .select_related("hospital")
+                .order_by("position")
+            )
+            if completed:
+                aggregation_open(job=job, round_=round_, group=group, turns=completed)
+            else:
+                job_transition(
+                    job=job,
+                    to=JobState.FAILED,
+                    actor=_system(),
+                    reason=f"no hospital completed its turn of round {round_.index}: there is "
+                    "nothing to average",
+                )
+        return False
+    return True
+
+
+def aggregation_open(
+    *, job: Job, round_: Round, group: int, turns: list[Turn]
+) -> Aggregation | None:
+    """Open the first attempt of a group's secure aggregation, with the hospitals whose
+    turns completed and their public weights (the training samples each reported).
+
+    A hospital that reported no training split size fails the job (no weight, no
+    average): then ``None``.
+    """
+    weights: dict[str, int] = {}
+    for turn in turns:
+        sizes = (turn.hospital.dataset_summary or {}).get("split_sizes") or {}
+        train = sizes.get("train") if isinstance(sizes, dict) else None
+        if not isinstance(train, int) or isinstance(train, bool) or train < 1:
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                actor=_system(),
+                reason=f"{turn.hospital.slug} reported no training split size (its heartbeat's "
+                "split_sizes), which weighs its segments in the average",
+            )
+            return None
+        weights[turn.hospital.slug] = train
+    now = timezone.now()
+    aggregation = Aggregation.objects.create(
+        job=job,
+        round_index=round_.index,
+        group=group,
+        attempt=0,
+        weights=weights,
+        created_at=now,
+        deadline_at=now + timedelta(seconds=job.round_deadline_seconds),
+    )
+    _audit(
+        _system(),
+        "aggregation.opened",
+        job,
+        details={
+            "round": round_.index,
+            "group": group,
+            "attempt": 0,
+            "weights": weights,
+            "deadline_s": job.round_deadline_seconds,
+        },
+    )
+    return aggregation
 
 
 def turn_start_next(*, job: Job) -> Turn | None:

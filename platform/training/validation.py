@@ -144,6 +144,12 @@ class JobInput(serializers.Serializer):
     rounds = serializers.IntegerField(
         min_value=1, max_value=1000, required=False, default=_DEFAULT["rounds"]
     )
+    mode_options = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="the mode's own settings by name (GET /api/modes/ lists each mode's "
+        "options, their choices and defaults); those left out take their defaults",
+    )
     codec = serializers.CharField(
         max_length=16,
         required=False,
@@ -157,6 +163,15 @@ class JobInput(serializers.Serializer):
         choices=OnFailure.choices, required=False, default=OnFailure.RETRY
     )
     max_retries = serializers.IntegerField(min_value=0, max_value=10, required=False, default=2)
+    round_deadline_seconds = serializers.IntegerField(
+        min_value=10,
+        max_value=7 * 86400,
+        required=False,
+        default=3600,
+        help_text="a parallel round's (SplitFed's) limit, from its start, and then its "
+        "secure aggregation's: a hospital still training or not yet submitted by then is "
+        "left to on_failure (skip: the round goes on without it)",
+    )
     participants = ParticipantInput(many=True, allow_empty=False, max_length=MAX_PARTICIPANTS)
 
 
@@ -169,6 +184,7 @@ class JobSpec:
     description: JobDescription
     on_failure: str
     max_retries: int
+    round_deadline_seconds: int
     participants: tuple[tuple[Hospital, str], ...]  # (hospital, feature set), in turn order
 
 
@@ -190,6 +206,7 @@ _DESCRIBED = (
     "model",
     "num_classes",
     "mode",
+    "mode_options",
     "cuts",
     "client_optimizer",
     "server_optimizer",
@@ -240,9 +257,17 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
     if mode is not None and not mode.runs_on_platform:
         errors.add(
             "mode",
-            f"{mode.name} mode does not run on the platform yet (it needs its secure "
-            f"aggregation through the relay); run it in process with "
+            f"{mode.name} mode does not run on the platform yet; run it in process with "
             f"`medsplit simulate --mode {mode.name}` or `medsplit verify --mode {mode.name}`",
+        )
+    elif mode is not None and not _bound(mode, values).runs_on_platform:
+        options = values.get("mode_options") or {}
+        errors.add(
+            "mode_options",
+            f"{mode.name} with {options} does not run on the platform yet (its server "
+            "segment would serve every hospital's stream from one task, which the "
+            f"scheduler does not start); run it in process with `medsplit simulate --mode "
+            f"{mode.name}`",
         )
     participants = _check_participants(values, mode, errors)
     shape = _common_shape(participants, errors) if participants else None
@@ -267,6 +292,7 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
         description=JobDescription.from_json({"version": FORMAT, **described}),
         on_failure=values["on_failure"],
         max_retries=values["max_retries"],
+        round_deadline_seconds=values["round_deadline_seconds"],
         participants=tuple((p.hospital, p.feature_set) for p in participants),
     )
 
@@ -628,3 +654,12 @@ def model_cut_table(*, model_name: str, input_shape: tuple[int, ...]) -> list[di
             details={"input_shape": [cached["problem"]]},
         )
     return cached["rows"]
+
+
+def _bound(mode: SplitMode, values: Mapping[str, Any]) -> SplitMode:
+    """``mode`` with the job's options; itself where they are wrong (the description's
+    own checks name what is wrong with them)."""
+    try:
+        return mode.with_options(values.get("mode_options") or {})
+    except ConfigError:
+        return mode

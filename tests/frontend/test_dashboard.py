@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 
 from audit.models import AuditEvent
 from hospitals import services as hospital_services
-from kernel.actors import Actor
+from kernel.actors import Actor, ActorKind
 from medsplit.protocol.keys import (
     fingerprint,
     format_fingerprint,
@@ -28,7 +28,8 @@ from tests.security.test_least_privilege import failed_job
 from tests.workers.hospitals import Hospitals, local_data, report_sizes
 from tests.workers.processes import Processes, processes, wait_until
 from training import services
-from training.models import Job
+from training.aggregation import aggregation_submit
+from training.models import Aggregation, Job, Turn
 from training.states import JobState
 
 __all__ = ["failed_job", "processes"]
@@ -109,6 +110,52 @@ def test_create_a_job_from_the_form(open_page, consortium_admin, three_hospitals
     assert set(order) == {h.slug for h in three_hospitals}
 
 
+def test_a_splitfed_job_from_the_form_and_its_secure_aggregation_on_the_job_page(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto("/#/jobs/new")
+    form = page.get_by_test_id("job-form")
+    form.wait_for()
+    form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
+    form.locator("select[name=mode]").select_option(label="SplitFed (SFLV1, labels at home)")
+    for hospital in three_hospitals:
+        page.get_by_test_id(f"participant-{hospital.slug}").check()
+    # Two cuts, as U-shaped takes: its default cuts are ticked.
+    expect(page.get_by_test_id("cut-pool")).to_be_checked(timeout=60_000)
+    page.get_by_test_id("create-job").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
+    described = job.description
+    assert (described["mode"], described["mode_options"]) == (
+        "splitfed",
+        {"variant": "v1", "labels": "hospital"},
+    )
+    assert len(described["cuts"]) == 2
+
+    # Its first round ended and two of three hospitals have submitted their masked fronts.
+    Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED)
+    services.job_start(job=job)
+    Turn.objects.filter(job=job).update(status=Turn.Status.COMPLETED)
+    services.group_start_next(job=job)
+    assert Aggregation.objects.get(job=job).weights.keys() == {h.slug for h in three_hospitals}
+    for hospital in three_hospitals[:2]:
+        aggregation_submit(
+            actor=Actor(ActorKind.HOSPITAL, hospital=hospital),
+            job_id=job.pk,
+            round_index=0,
+            attempt=0,
+            sha256="ab" * 32,
+            size_bytes=2048,
+            counts={},
+        )
+    box = page.get_by_test_id("aggregations")
+    expect(box).to_contain_text("2 of 3", timeout=30_000)
+    expect(box).to_contain_text("collecting")
+    screenshot(page, "splitfed-aggregation")
+
+
 def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
     open_page, consortium_admin, three_hospitals
 ) -> None:
@@ -123,9 +170,16 @@ def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
     form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
     mode = form.locator("select[name=mode]")
     options = mode.locator("option").evaluate_all("nodes => nodes.map(n => [n.value, n.text])")
-    # SplitFed is listed too (GET /api/modes/ says runs_on_platform: false).
-    # SplitFed runs in process only so far (runs_on_platform false): not offered.
-    assert options == [["vanilla", "Vanilla"], ["ushaped", "U-shaped"]]
+    # SplitFed is offered once per configuration the platform runs (GET /api/modes/ lists
+    # them, each with runs_on_platform).
+    assert options == [
+        ["vanilla", "Vanilla"],
+        ["ushaped", "U-shaped"],
+        ['splitfed:{"variant":"v1","labels":"server"}', "SplitFed (SFLV1, labels at the server)"],
+        ['splitfed:{"variant":"v1","labels":"hospital"}', "SplitFed (SFLV1, labels at home)"],
+        ['splitfed:{"variant":"v2","labels":"server"}', "SplitFed (SFLV2, labels at the server)"],
+        ['splitfed:{"variant":"v2","labels":"hospital"}', "SplitFed (SFLV2, labels at home)"],
+    ]
     codecs = form.locator("select[name=codec] option")
     assert codecs.evaluate_all("nodes => nodes.map(n => [n.value, n.text])") == [
         ["none", "none (exact)"],

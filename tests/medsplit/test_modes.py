@@ -123,6 +123,7 @@ def test_vanilla_describes_itself() -> None:
         ],
         "options": [],
         "runs_on_platform": True,
+        "configurations": [],
     }
 
 

@@ -119,3 +119,24 @@ def test_the_bounds_hold_the_real_frames_and_hand_offs(
                 p.grad = torch.zeros_like(p)
         party.step()
     assert len(export_parties(parties)) <= limits.blob_bytes
+
+
+def test_a_masked_submission_and_its_resend_fit_the_aggregation_stream_bound() -> None:
+    """SplitFed's agents leave a masked vector of their segments on their ``agg`` stream:
+    the guard's bound holds two (a re-send), and no such stream is allowed in other modes."""
+    from medsplit.secagg import MaskedSubmission, RoundId, VectorLayout
+    from medsplit.training.aggregate_state import aggregation_parts
+
+    model = JobModel("small_cnn", 2, 1, 2, (1, 28, 28), 0)
+    config = TrainingConfig(
+        cuts=("pool1", "pool"), mode="splitfed", mode_options={"labels": "hospital"}
+    )
+    split = cached_split(model, config.cuts)
+    floats, _ = aggregation_parts(client_parties(split, config))
+    length = VectorLayout.of(floats).length
+    rid = RoundId("job-1", 0, 0, {"h1": 10, "h2": 20})
+    data = MaskedSubmission.for_round(rid, "h1", torch.zeros(length).numpy().astype("uint64"))
+    limits = relay_limits(split, config)
+    assert 2 * len(data.to_bytes()) <= limits.aggregation_stream_bytes
+    vanilla = relay_limits(cached_split(model, ("pool1",)), TrainingConfig(cuts=("pool1",)))
+    assert vanilla.aggregation_stream_bytes == 0

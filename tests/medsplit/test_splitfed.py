@@ -183,7 +183,8 @@ def test_sflv2_runs_are_reproducible_from_the_seed() -> None:
 
 def test_options_are_checked_and_shape_the_mode() -> None:
     mode = get_mode("splitfed")
-    assert (mode.cuts, mode.labels.value, mode.runs_on_platform) == (1, "server", False)
+    assert (mode.cuts, mode.labels.value, mode.runs_on_platform) == (1, "server", True)
+    assert mode.with_options({"variant": "v2"}).runs_on_platform is True
     assert mode.check_options({}) == {"variant": "v1", "labels": "server"}
     u = mode.with_options({"labels": "hospital"})
     assert (u.cuts, u.labels.value, u.client_segments()) == (2, "hospital", {"front": 0, "head": 2})
@@ -198,8 +199,17 @@ def test_options_are_checked_and_shape_the_mode() -> None:
     with pytest.raises(ConfigError, match=r"not one of"):
         ModeOption("x", str, "c", "help", choices=("a", "b"))
     as_json = mode.describe().to_json()
-    assert as_json["runs_on_platform"] is False
+    assert as_json["runs_on_platform"] is True
     assert [o["choices"] for o in as_json["options"]] == [["v1", "v2"], ["server", "hospital"]]
+    # One configuration per combination: what the dashboard's form offers (those it runs).
+    assert [
+        (c["options"], c["cuts"], c["runs_on_platform"]) for c in as_json["configurations"]
+    ] == [
+        ({"variant": "v1", "labels": "server"}, 1, True),
+        ({"variant": "v1", "labels": "hospital"}, 2, True),
+        ({"variant": "v2", "labels": "server"}, 1, True),
+        ({"variant": "v2", "labels": "hospital"}, 2, True),
+    ]
     assert isinstance(SplitFedMode("v2", "hospital").with_options({}), SplitFedMode)
     json.dumps(as_json)
 

@@ -202,12 +202,22 @@ export async function render(root) {
     models.map((m) => el("option", { value: m.name }, m.name)),
   );
   const modelHelp = el("p", { class: "help" });
-  // The registry's first mode is the default a job gets when it does not say.
-  // A mode the platform does not run yet (runs_on_platform false: in process only) is
-  // not offered; the coordinator would refuse its job.
-  const modes = allModes.filter((m) => m.runs_on_platform !== false);
-  const modeByName = new Map(modes.map((m) => [m.name, m]));
-  const mode = select("mode", modes.map((m) => [m.name, m.title]), modes[0]?.name);
+  // The registry's first mode is the default a job gets when it does not say. A mode with
+  // options is offered once per configuration (its options' choices, as GET /api/modes/
+  // lists them: SplitFed's variant and where the labels are). A mode or configuration the
+  // platform does not run yet (runs_on_platform false: in process only) is not offered;
+  // the coordinator would refuse its job.
+  const modes = allModes.flatMap((m) =>
+    m.configurations?.length
+      ? m.configurations
+          .filter((c) => c.runs_on_platform !== false)
+          .map((c) => ({ ...m, ...c, key: `${m.name}:${JSON.stringify(c.options)}`, mode_options: c.options }))
+      : m.runs_on_platform !== false
+        ? [{ ...m, key: m.name }]
+        : [],
+  );
+  const modeByName = new Map(modes.map((m) => [m.key, m]));
+  const mode = select("mode", modes.map((m) => [m.key, m.title]), modes[0]?.key);
   const currentMode = () => modeByName.get(mode.value);
   const modeHelp = el("p", { class: "help", "aria-live": "polite" }, currentMode()?.summary || "");
   const numClasses = numberInput("num_classes", 2, { min: "2", max: "10000" });
@@ -446,7 +456,7 @@ export async function render(root) {
   let cutRows = [];
   let cutNote = ""; // why the table is not at the participants' shape, if it is not
   // The cuts chosen in each mode, by the mode's name (switching modes keeps them).
-  const selectedCuts = Object.fromEntries(modes.map((m) => [m.name, []]));
+  const selectedCuts = Object.fromEntries(modes.map((m) => [m.key, []]));
   let cutRequest = 0;
   const cutCache = new Map();
 
@@ -525,9 +535,14 @@ export async function render(root) {
     const names = new Set(cutRows.map((r) => r.name));
     // Keep choices that still exist; otherwise start from the model's defaults in each mode.
     for (const m of modes) {
-      selectedCuts[m.name] = (selectedCuts[m.name] || []).filter((c) => names.has(c));
-      if (!selectedCuts[m.name].length) {
-        selectedCuts[m.name] = (spec.default_cuts?.[m.name] || []).filter((c) => names.has(c));
+      selectedCuts[m.key] = (selectedCuts[m.key] || []).filter((c) => names.has(c));
+      if (!selectedCuts[m.key].length) {
+        // A configuration with another number of cuts than its mode's defaults takes the
+        // defaults of a mode that cuts as often (SplitFed with the labels at home: U-shaped's).
+        const defaults = Object.values(spec.default_cuts || {});
+        const own = spec.default_cuts?.[m.name];
+        const fits = own?.length === m.cuts ? own : defaults.find((d) => d.length === m.cuts);
+        selectedCuts[m.key] = (fits || []).filter((c) => names.has(c));
       }
     }
     drawCuts();
@@ -636,7 +651,8 @@ export async function render(root) {
     const data = {
       name: name.value.trim(),
       model: model.value,
-      mode: mode.value,
+      mode: currentMode()?.name,
+      mode_options: currentMode()?.mode_options,
       num_classes: numberOf(numClasses),
       cuts: chosenCuts(),
       participants: chosenHospitals().map((h) => ({ hospital: h.slug })),

@@ -281,6 +281,9 @@ export async function render(root, [id], session) {
 
   const turnsBox = el("div", { class: "job-turns" }, el("p", { class: "muted" }, "Loading…"));
   const configBox = el("div", { class: "job-config" });
+  // Only a mode that aggregates securely (SplitFed) has aggregations: shown when there are.
+  const aggregationHeading = el("h2", { hidden: true }, "Secure aggregation");
+  const aggregationBox = el("div", { class: "job-aggregations", "data-testid": "aggregations" });
 
   root.append(
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
@@ -293,6 +296,8 @@ export async function render(root, [id], session) {
     charts,
     el("h2", {}, "Turns"),
     turnsBox,
+    aggregationHeading,
+    aggregationBox,
     el("h2", {}, "Configuration"),
     configBox,
   );
@@ -687,6 +692,46 @@ export async function render(root, [id], session) {
     );
   }
 
+  function drawAggregations() {
+    const rows = job.aggregations || [];
+    aggregationHeading.hidden = rows.length === 0;
+    if (!rows.length) return aggregationBox.replaceChildren();
+    const who = (names) => names.map(hospitalName).join(", ");
+    aggregationBox.replaceChildren(
+      el(
+        "p",
+        { class: "muted" },
+        "Each round the hospitals mask their segments; a worker sums the masked vectors and each hospital unmasks the average. Nobody but the hospitals sees a segment, single or averaged: below are sizes and digests only.",
+      ),
+      table(
+        [
+          { label: "Round", value: (a) => a.round + 1 },
+          { label: "Attempt", value: (a) => a.attempt + 1 },
+          { label: "Status", value: (a) => badge(a.status) },
+          {
+            label: "Hospitals (training samples)",
+            value: (a) => Object.entries(a.weights).map(([h, n]) => `${hospitalName(h)} (${count(n)})`).join(", "),
+          },
+          {
+            label: "Submitted",
+            value: (a) => `${Object.keys(a.submitted).length} of ${Object.keys(a.weights).length}`,
+          },
+          {
+            label: "Aggregate",
+            value: (a) => (a.aggregate_sha256 ? `${bytes(a.aggregate_size_bytes)}, sha256 ${a.aggregate_sha256.slice(0, 12)}…` : "–"),
+          },
+          {
+            label: "Left out",
+            value: (a) => (a.dropped.length ? `${who(a.dropped.map((d) => d.hospital))}: ${a.dropped[0].reason}` : ""),
+          },
+          { label: "Why it ended", value: (a) => (a.status === "done" ? "" : a.failure_reason || "") },
+        ],
+        rows,
+        {},
+      ),
+    );
+  }
+
   // -- refresh -----------------------------------------------------------------------
   async function fetchMetrics() {
     const query = { page_size: 500 };
@@ -756,11 +801,14 @@ export async function render(root, [id], session) {
     ]);
     if (stopped) return;
     series = newSeries;
-    if (newStatus.state !== job.state) {
+    // A job with secure aggregation rounds changes between turns too: read it again.
+    if (newStatus.state !== job.state || job.aggregations?.length || newStatus.state === "running") {
+      const changed = newStatus.state !== job.state;
       job = await api(`jobs/${jobId}/`);
       if (stopped) return;
-      drawConfig();
+      if (changed) drawConfig();
     }
+    drawAggregations();
     status = newStatus;
     turns = newTurns || [];
     drawState();

@@ -16,8 +16,8 @@ from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from medsplit.training.description import FORMAT, JobDescription
-from training.models import HandOff, Job, JobParticipant, MetricPoint, Turn
-from training.plan import job_result, turn_start
+from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.plan import TurnStart, job_result, turn_start
 from training.states import JobState
 
 
@@ -117,6 +117,11 @@ class JobSerializer(serializers.ModelSerializer):
     description = DescriptionField(read_only=True)
     created_by = serializers.SerializerMethodField()
     participants = ParticipantSerializer(many=True, read_only=True)
+    aggregations = serializers.SerializerMethodField(
+        help_text="its secure aggregation attempts, round by round (modes that aggregate "
+        "securely): who took part with which weight, who submitted (digest and size), the "
+        "aggregate's digest, who was left out and why; never a value"
+    )
 
     class Meta:
         model = Job
@@ -132,7 +137,9 @@ class JobSerializer(serializers.ModelSerializer):
             "description",
             "on_failure",
             "max_retries",
+            "round_deadline_seconds",
             "participants",
+            "aggregations",
             "current_round",
             "created_by",
             "created_at",
@@ -143,6 +150,13 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_created_by(self, job: Job) -> str | None:
         return job.created_by.get_username() if job.created_by_id else None
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_aggregations(self, job: Job) -> list[dict]:
+        rows = job.aggregations.order_by("round_index", "group", "attempt")
+        return [
+            {k: v for k, v in AggregationSerializer(a).data.items() if k != "counts"} for a in rows
+        ]
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)
@@ -320,6 +334,52 @@ class AssignmentParticipantSerializer(serializers.Serializer):
         }
 
 
+class AggregationSerializer(serializers.ModelSerializer):
+    """One attempt of a group's secure aggregation: who takes part with which public
+    weight, who has submitted (digest and size), the aggregate's digest once done, and the
+    participants' integer buffers (public batch counts) once done."""
+
+    round = serializers.IntegerField(source="round_index", read_only=True)
+    submitted = serializers.SerializerMethodField(
+        help_text="per hospital that submitted: its masked vector's sha256 and size"
+    )
+    counts = serializers.SerializerMethodField(
+        help_text="once done: each participant's integer buffers (combined by their maximum)"
+    )
+
+    class Meta:
+        model = Aggregation
+        fields = [
+            "id",
+            "round",
+            "group",
+            "attempt",
+            "weights",
+            "status",
+            "submitted",
+            "aggregate_sha256",
+            "aggregate_size_bytes",
+            "counts",
+            "dropped",
+            "failure_reason",
+            "created_at",
+            "deadline_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_submitted(self, aggregation: Aggregation) -> dict:
+        return {
+            h: {"sha256": s["sha256"], "size_bytes": s["size_bytes"]}
+            for h, s in sorted(aggregation.submissions.items())
+        }
+
+    def get_counts(self, aggregation: Aggregation) -> dict | None:
+        if aggregation.status != Aggregation.Status.DONE:
+            return None
+        return {h: s["counts"] for h, s in sorted(aggregation.submissions.items())}
+
+
 class HandoffSourceSerializer(serializers.Serializer):
     hospital = serializers.CharField(help_text="who sealed the weights to start from")
     identity_fingerprint = serializers.CharField(
@@ -341,6 +401,16 @@ class StartFromSerializer(serializers.Serializer):
     sources = HandoffSourceSerializer(
         many=True, help_text="the turns whose sealed weights to start from, in position order"
     )
+    aggregation = AggregationSerializer(
+        allow_null=True,
+        required=False,
+        help_text="in a mode that aggregates securely: the done aggregation whose aggregate "
+        "(unmasked by each hospital) to start from; the sources are its participants' turns",
+    )
+
+
+def _aggregation_of(start: TurnStart) -> dict | None:
+    return AggregationSerializer(start.aggregation).data if start.aggregation else None
 
 
 class AssignmentSerializer(serializers.ModelSerializer):
@@ -377,6 +447,10 @@ class AssignmentSerializer(serializers.ModelSerializer):
         "mode's result: the last turn's hand-off, or the combination of the last group's); "
         "null before"
     )
+    aggregation = serializers.SerializerMethodField(
+        help_text="the job's latest secure aggregation attempt this hospital takes part in "
+        "(modes that aggregate securely); null when none"
+    )
 
     class Meta:
         model = Job
@@ -394,6 +468,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "handoff_from",
             "start_from",
             "result_from",
+            "aggregation",
             "state_reason",
             "relay_prefix",
         ]
@@ -404,6 +479,12 @@ class AssignmentSerializer(serializers.ModelSerializer):
         # Its own failure reasons only (kernel.permissions: least privilege).
         data["state_reason"] = visible_state_reason(job, _viewer(self))
         return data
+
+    @extend_schema_field(AggregationSerializer(allow_null=True))
+    def get_aggregation(self, job: Job) -> dict | None:
+        slug = job.my_participation[0].hospital.slug
+        mine = [a for a in job.all_aggregations if slug in a.weights]
+        return AggregationSerializer(mine[-1]).data if mine else None
 
     def get_relay_prefix(self, job: Job) -> str:
         return settings.MEDSPLIT["RELAY_PREFIX"]
@@ -441,7 +522,11 @@ class AssignmentSerializer(serializers.ModelSerializer):
             # Taken out of MEDSPLIT["EXTRA_MODES"] since: its turns fail at the worker,
             # saying so; the agent's other assignments must still be served.
             return None
-        return {"kind": start.kind.value, "sources": [self._source(job, t) for t in start.sources]}
+        return {
+            "kind": start.kind.value,
+            "sources": [self._source(job, t) for t in start.sources],
+            "aggregation": _aggregation_of(start),
+        }
 
     @extend_schema_field(StartFromSerializer(allow_null=True))
     def get_result_from(self, job: Job) -> dict | None:
@@ -454,6 +539,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
         return {
             "kind": result.kind.value,
             "sources": [self._source(job, t) for t in result.sources],
+            "aggregation": _aggregation_of(result),
         }
 
     def _source(self, job: Job, turn: Turn) -> dict:
@@ -495,6 +581,15 @@ class ModeSegmentSerializer(serializers.Serializer):
     side = serializers.ChoiceField(choices=["hospital", "server"])
 
 
+class ModeConfigurationSerializer(serializers.Serializer):
+    options = serializers.DictField(help_text="the job's mode_options for this configuration")
+    title = serializers.CharField()
+    cuts = serializers.IntegerField()
+    labels = serializers.ChoiceField(choices=["hospital", "server"])
+    segments = ModeSegmentSerializer(many=True)
+    runs_on_platform = serializers.BooleanField()
+
+
 class ModeSerializer(serializers.Serializer):
     """A split-learning mode as it describes itself (medsplit.modes.ModeDescription)."""
 
@@ -510,6 +605,11 @@ class ModeSerializer(serializers.Serializer):
     runs_on_platform = serializers.BooleanField(
         help_text="whether the coordinator accepts this mode's jobs yet (false: it runs in "
         "process only, with `medsplit simulate` and `medsplit verify`)"
+    )
+    configurations = ModeConfigurationSerializer(
+        many=True,
+        help_text="the mode under each combination of its options' choices (what a form "
+        "offers as one choice each); empty for a mode without such options",
     )
 
 

@@ -61,6 +61,11 @@ urlpatterns = [
         name="agent-progress",
     ),
     path(
+        "agent/assignments/<int:job_id>/submissions/",
+        views.AgentSubmissionView.as_view(),
+        name="agent-submissions",
+    ),
+    path(
         "agent/assignments/<int:job_id>/problems/",
         views.AgentProblemView.as_view(),
         name="agent-problems",

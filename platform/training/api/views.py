@@ -22,9 +22,11 @@ from kernel.api.throttling import ScopedThrottle
 from kernel.errors import InvalidInput
 from kernel.permissions import require_agent
 from training import agent_services, selectors, services
+from training.aggregation import aggregation_submit
 from training.api.filters import JobFilter
 from training.api.long_poll import long_poll
 from training.api.serializers import (
+    AggregationSerializer,
     AssignmentSerializer,
     CodecSerializer,
     CutTableSerializer,
@@ -386,6 +388,44 @@ class LossReportInputSerializer(StrictSerializer):
 class ProblemInputSerializer(StrictSerializer):
     turn = StrictIntegerField(min_value=1)
     reason = StrictCharField(max_length=2000)
+
+
+class SubmissionInputSerializer(StrictSerializer):
+    round = StrictIntegerField(min_value=0)
+    attempt = StrictIntegerField(min_value=0)
+    sha256 = StrictCharField(min_length=64, max_length=64, help_text="of the masked vector's bytes")
+    size_bytes = StrictIntegerField(min_value=1)
+    counts = serializers.DictField(
+        help_text="its integer buffers (BatchNorm's batch counters, public), by name, each a "
+        "list of integers; combined by their maximum"
+    )
+
+
+@extend_schema(tags=["agent"])
+class AgentSubmissionView(APIView):
+    @extend_schema(
+        summary="The agent put its masked submission to a secure aggregation round on the "
+        "relay: its digest, size and public integer buffers (never the vector)",
+        request=SubmissionInputSerializer,
+        responses={
+            200: AggregationSerializer,
+            409: error("the attempt takes no submissions, or another digest was reported"),
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "submit to a secure aggregation")
+        data = _valid(SubmissionInputSerializer, request)
+        aggregation = aggregation_submit(
+            actor=actor,
+            job_id=job_id,
+            round_index=data["round"],
+            attempt=data["attempt"],
+            sha256=data["sha256"],
+            size_bytes=data["size_bytes"],
+            counts=data["counts"],
+        )
+        return Response(AggregationSerializer(aggregation).data)
 
 
 @extend_schema(tags=["agent"])

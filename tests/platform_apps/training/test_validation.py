@@ -73,9 +73,32 @@ def test_a_mode_not_registered_is_refused_with_the_known_ones(job_data, mode) ->
     assert details["mode"] == [f"unknown mode {mode!r}; known modes: vanilla, ushaped, splitfed"]
 
 
-def test_a_mode_the_platform_does_not_run_yet_is_refused(job_data) -> None:
-    details = refused(job_data(mode="splitfed"))
-    assert "does not run on the platform" in details["mode"][0]
+def test_options_the_platform_does_not_run_yet_are_refused(job_data, monkeypatch) -> None:
+    """A mode may run on the platform with some option values only (its configurations
+    say which): a job with the others is refused, naming the options."""
+    from medsplit.modes import MODES
+    from medsplit.modes.splitfed import SplitFedMode
+
+    class SecondVariantInProcessOnly(SplitFedMode):
+        def with_options(self, values):
+            bound = super().with_options(values)
+            bound.runs_on_platform = bound.variant == "v1"
+            return bound
+
+    monkeypatch.setitem(MODES, "splitfed", SecondVariantInProcessOnly())
+    details = refused(job_data(mode="splitfed", mode_options={"variant": "v2"}))
+    assert "does not run on the platform yet" in details["mode_options"][0]
+
+
+def test_splitfed_v1_is_accepted_with_its_options(job_data) -> None:
+    spec = job_spec_validate(
+        data=job_data(
+            mode="splitfed",
+            mode_options={"variant": "v1", "labels": "hospital"},
+            cuts=["pool1", "pool"],
+        )
+    )
+    assert spec.description.mode_options == {"variant": "v1", "labels": "hospital"}
 
 
 def test_a_registered_mode_is_accepted_and_its_cut_count_checked(job_data, monkeypatch) -> None:

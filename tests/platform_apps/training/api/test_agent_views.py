@@ -63,7 +63,7 @@ def test_assignments_name_the_participants_keys_and_whose_weights_to_start_from(
     (assignment,) = agent_a.get("/api/agent/assignments/").json()
     assert assignment["participants"] == [participant(hospital_a, 0), participant(hospital_c, 1)]
     assert assignment["handoff_from"] is None, "the first turn starts from the job's seed"
-    assert assignment["start_from"] == {"kind": "initial", "sources": []}
+    assert assignment["start_from"] == {"kind": "initial", "sources": [], "aggregation": None}
 
     turn = Turn.objects.get(job=job, status="running")
     services.turn_finish(turn=turn, metrics={})
@@ -85,7 +85,11 @@ def test_assignments_name_the_participants_keys_and_whose_weights_to_start_from(
         "turn": turn.pk,
         "ciphertext_sha256": digest,
     }
-    assert for_c["start_from"] == {"kind": "previous", "sources": [for_c["handoff_from"]]}
+    assert for_c["start_from"] == {
+        "kind": "previous",
+        "sources": [for_c["handoff_from"]],
+        "aggregation": None,
+    }
 
 
 def test_the_long_poll_answers_at_once_when_something_changed(agent_a, jobs) -> None:

@@ -100,7 +100,8 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
         assert response.status_code == 200, response.content
         modes = {m["name"]: m for m in response.json()}
         assert list(modes) == ["vanilla", "ushaped", "splitfed"]
-        assert modes["splitfed"]["runs_on_platform"] is False
+        # Described with its default options (SFLV1), which the platform runs.
+        assert modes["splitfed"]["runs_on_platform"] is True
         assert modes["vanilla"] == {
             "name": "vanilla",
             "title": "Vanilla",
@@ -113,6 +114,7 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
             ],
             "options": [],
             "runs_on_platform": True,
+            "configurations": [],
         }
         ushaped = modes["ushaped"]
         assert (ushaped["cuts"], ushaped["labels"]) == (2, "hospital")
