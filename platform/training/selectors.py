@@ -30,7 +30,7 @@ from medsplit.training.schedule import turn_length
 from medsplit.wire.codecs import describe_codecs
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
-from training.validation import model_cut_table, parse_input_shape
+from training.validation import model_cut_table, parse_depth, parse_input_shape
 
 
 def _sees_all(actor: Actor) -> bool:
@@ -402,10 +402,11 @@ def registry_optimizers(*, actor: Actor) -> dict[str, Any]:
 
 
 def registry_model_cuts(
-    *, actor: Actor, model_name: str, input_shape: str | None
+    *, actor: Actor, model_name: str, input_shape: str | None, depth: str | None = None
 ) -> dict[str, Any]:
     """The cut table of a registry model at ``input_shape`` (``"1,28,28"``; default: the
-    model's own default input shape).
+    model's own default input shape), ``depth`` names deep (default: down to where the
+    tensors that cross change).
 
     Raises:
         NotFound: no such model.
@@ -417,8 +418,5 @@ def registry_model_cuts(
     except UnknownModelError as e:
         raise NotFound(str(e)) from None
     shape = spec.default_input_shape if input_shape is None else parse_input_shape(input_shape)
-    return {
-        "model": spec.name,
-        "input_shape": list(shape),
-        "cuts": model_cut_table(model_name=spec.name, input_shape=tuple(shape)),
-    }
+    rows = model_cut_table(model_name=spec.name, input_shape=tuple(shape), depth=parse_depth(depth))
+    return {"model": spec.name, "input_shape": list(shape), "cuts": rows}

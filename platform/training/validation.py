@@ -35,6 +35,7 @@ from torch import nn
 
 from hospitals.models import Hospital
 from kernel.errors import InvalidInput, NotFound, TooManyRequests
+from medsplit.cutting.candidates import MAX_DEPTH
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
 from medsplit.errors import ConfigError, CutError, UnknownModelError
@@ -542,13 +543,18 @@ def _cut_table_cached(
 
 
 def _cut_table_traced(
-    name: str, spatial_dims: int, in_channels: int, num_classes: int, shape: tuple[int, ...]
+    name: str,
+    spatial_dims: int,
+    in_channels: int,
+    num_classes: int,
+    shape: tuple[int, ...],
+    depth: int | None = None,
 ) -> tuple[tuple[CutInfo, ...], str | None]:
     """:func:`_cut_table_cached`'s work, with ``_TRACE_LOCK`` held by the caller."""
     try:
         with torch.no_grad():
             model = _model(name, spatial_dims, in_channels, num_classes)
-            return tuple(cut_table(model, torch.zeros(2, *shape))), None
+            return tuple(cut_table(model, torch.zeros(2, *shape), depth=depth)), None
     except (CutError, ConfigError) as e:
         return (), str(e)
 
@@ -617,9 +623,29 @@ def parse_input_shape(raw: str | None) -> tuple[int, ...]:
     return shape
 
 
-def model_cut_table(*, model_name: str, input_shape: tuple[int, ...]) -> list[dict[str, Any]]:
-    """The cut table of a registry model at ``input_shape`` as JSON rows, from the cache
-    every process shares when any process worked it out before.
+def parse_depth(raw: str | None) -> int | None:
+    """A cut table's ``depth`` (how many names deep its rows go), within its bounds;
+    ``None`` for the default (down to where the crossing tensors change).
+
+    Raises:
+        InvalidInput: not an integer from 1 to ``MAX_DEPTH``.
+    """
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_DEPTH:
+        raise InvalidInput(
+            "the cut table's depth is not valid",
+            details={"depth": [f"must be an integer from 1 to {MAX_DEPTH}, got {raw!r:.20}"]},
+        )
+    return int(raw)
+
+
+def model_cut_table(
+    *, model_name: str, input_shape: tuple[int, ...], depth: int | None = None
+) -> list[dict[str, Any]]:
+    """The cut table of a registry model at ``input_shape`` (``depth``: its rows that
+    many names deep; default: :func:`~medsplit.cutting.cut_table`'s) as JSON rows, from
+    the cache every process shares when any process worked it out before.
 
     Raises:
         NotFound: no such model.
@@ -632,7 +658,7 @@ def model_cut_table(*, model_name: str, input_shape: tuple[int, ...]) -> list[di
     except UnknownModelError as e:
         raise NotFound(str(e)) from None
     shape = tuple(input_shape)
-    key = f"cut-table:{spec.name}:{','.join(map(str, shape))}"
+    key = f"cut-table:{spec.name}:{','.join(map(str, shape))}:{depth or 'default'}"
     cached = cache.get(key)
     if cached is None:
         # One trace at a time per process (_TRACE_LOCK); a request that cannot have it
@@ -643,7 +669,7 @@ def model_cut_table(*, model_name: str, input_shape: tuple[int, ...]) -> list[di
                 retry_after=5,
             )
         try:
-            rows, problem = _cut_table_traced(spec.name, len(shape) - 1, shape[0], 2, shape)
+            rows, problem = _cut_table_traced(spec.name, len(shape) - 1, shape[0], 2, shape, depth)
         finally:
             _TRACE_LOCK.release()
         cached = {"rows": [row.to_json() for row in rows], "problem": problem}

@@ -131,7 +131,14 @@ class ModelCutsView(APIView):
                 description="channels,height,width[,depth]; default: the model's own. At "
                 f"most {CUT_TABLE_MAX_SIDE} per side, {CUT_TABLE_MAX_CHANNELS} channels and "
                 f"{CUT_TABLE_MAX_VALUES} values in all",
-            )
+            ),
+            OpenApiParameter(
+                "depth",
+                int,
+                required=False,
+                description="list every module boundary at most this many names deep (1 to "
+                "16); default: down to the depth where the tensors that cross change",
+            ),
         ],
         responses={
             200: CutTableSerializer,
@@ -144,6 +151,7 @@ class ModelCutsView(APIView):
             actor=_actor(request),
             model_name=name,
             input_shape=request.query_params.get("input_shape"),
+            depth=request.query_params.get("depth"),
         )
         return Response(table)
 

@@ -181,6 +181,16 @@ def test_cut_table_of_a_model(admin) -> None:
     assert default["input_shape"] == [1, 28, 28]
 
 
+def test_a_cut_table_goes_as_deep_as_asked(admin) -> None:
+    shallow = admin.get("/api/models/skip_net/cuts/", {"depth": "1"}).json()["cuts"]
+    deep = admin.get("/api/models/skip_net/cuts/", {"depth": "3"}).json()["cuts"]
+    assert all("." not in row["name"] for row in shallow)
+    assert {r["name"] for r in shallow} < {r["name"] for r in deep}
+    for bad in ("0", "17", "x"):
+        details = error(admin.get("/api/models/skip_net/cuts/", {"depth": bad}), 400, "invalid")
+        assert details["depth"] == [f"must be an integer from 1 to 16, got {bad!r}"]
+
+
 def test_cut_table_errors(admin, nora) -> None:
     error(admin.get("/api/models/alexnet/cuts/"), 404, "not_found")
     details = error(
