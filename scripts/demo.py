@@ -552,10 +552,13 @@ def run(
     while True:
         children.check()
         job.refresh_from_db()
-        turn = Turn.objects.filter(job=job, status="running").select_related("hospital").first()
+        running = Turn.objects.filter(job=job, status="running").select_related("hospital")
         line = f"{job.state}"
-        if turn:
-            line += f", round {job.current_round + 1}, {turn.hospital.name}: step {turn.steps}"
+        if running:  # the turns of a parallel round (SplitFed) side by side
+            steps = ", ".join(f"{t.hospital.name}: step {t.steps}" for t in running)
+            line += f", round {job.current_round + 1}, {steps}"
+        elif job.aggregations.filter(status__in=("collecting", "summing")).exists():
+            line += f", round {job.current_round + 1}: averaging the fronts (secure aggregation)"
         if line != last:
             say(line)
             last = line
