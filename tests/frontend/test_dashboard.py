@@ -124,6 +124,7 @@ def test_a_splitfed_job_from_the_form_and_its_secure_aggregation_on_the_job_page
         page.get_by_test_id(f"participant-{hospital.slug}").check()
     # Two cuts, as U-shaped takes: its default cuts are ticked.
     expect(page.get_by_test_id("cut-pool")).to_be_checked(timeout=60_000)
+    form.locator("input[name=round_deadline_seconds]").fill("600")
     page.get_by_test_id("create-job").click()
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
@@ -133,6 +134,7 @@ def test_a_splitfed_job_from_the_form_and_its_secure_aggregation_on_the_job_page
         {"variant": "v1", "labels": "hospital"},
     )
     assert len(described["cuts"]) == 2
+    assert job.round_deadline_seconds == 600
 
     # Its first round ended and two of three hospitals have submitted their masked fronts.
     Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED)

@@ -295,6 +295,8 @@ export async function render(root) {
   const seed = numberInput("seed", 0, { min: "0", max: String(2 ** 31 - 1) });
   const onFailure = select("on_failure", ON_FAILURE, "retry");
   const maxRetries = numberInput("max_retries", 2, { min: "0", max: "10" });
+  // A parallel round's limit (SplitFed): its turns, then its secure aggregation.
+  const roundDeadline = numberInput("round_deadline_seconds", 3600, { min: "10", max: String(7 * 86400) });
   const syncRetries = () => {
     maxRetries.disabled = onFailure.value !== "retry";
   };
@@ -348,6 +350,11 @@ export async function render(root) {
         { class: "row" },
         field("Policy", onFailure),
         field("Max retries", maxRetries, "0 to 10, for the retry policy"),
+        field(
+          "Round deadline (s)",
+          roundDeadline,
+          "a parallel round's limit (SplitFed): a hospital still training, or not yet submitted to the round's secure aggregation, is left to the policy",
+        ),
       ),
     ),
     formError,
@@ -665,6 +672,7 @@ export async function render(root) {
       codec: codec.value,
       seed: numberOf(seed),
       on_failure: onFailure.value,
+      round_deadline_seconds: numberOf(roundDeadline),
     };
     if (onFailure.value === "retry") data.max_retries = numberOf(maxRetries);
     // Blank numbers take the server's defaults (except num_classes, which is required).

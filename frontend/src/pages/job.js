@@ -566,6 +566,10 @@ export async function render(root, [id], session) {
       ["Codec", d.codec],
       ["Seed", d.seed],
       ["On failure", job.on_failure === "retry" ? `retry (up to ${job.max_retries} times)` : job.on_failure],
+      ...(Object.keys(d.mode_options || {}).length
+        ? [["Mode options", Object.entries(d.mode_options).map(([k, v]) => `${k} ${v}`).join(", ")]]
+        : []),
+      ["Round deadline", `${job.round_deadline_seconds} s (parallel rounds)`],
       ["Created", `${job.created_at ? new Date(job.created_at).toLocaleString() : "–"}${job.created_by ? ` by ${job.created_by}` : ""}`],
       ["Started", job.started_at ? new Date(job.started_at).toLocaleString() : "not yet"],
       ["Finished", job.finished_at ? new Date(job.finished_at).toLocaleString() : "not yet"],
