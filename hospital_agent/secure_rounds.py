@@ -42,7 +42,7 @@ from medsplit.errors import ChannelTimeout, MedSplitError
 from medsplit.protocol.handoff import import_parties
 from medsplit.protocol.keys import SignedRecipientKey
 from medsplit.protocol.party import Party
-from medsplit.secagg import Aggregate, HospitalRound, Peer, RoundId, SecAggError, VectorLayout
+from medsplit.secagg import Aggregate, HospitalRound, Peer, RoundId, VectorLayout
 from medsplit.secagg.envelope import StaleEnvelope, open_envelope, pack
 from medsplit.training.aggregate_state import (
     aggregation_parts,
@@ -160,8 +160,12 @@ class SecureRounds:
         if path.exists():
             side.restore(json.loads(read_private(path)))
         else:  # kept before anything leaves: a restart must mask with the same seeds
-            write_private(path, json.dumps(side.saved()).encode("ascii"))
+            self._keep(job, aggregation, side)
         return side
+
+    def _keep(self, job: int, aggregation: Mapping[str, Any], side: HospitalRound) -> None:
+        """Keep ``side``'s secrets, drawn and received, as privately as the per-job key."""
+        write_private(self._secrets_path(job, aggregation), json.dumps(side.saved()).encode())
 
     def submit(
         self,
@@ -207,9 +211,7 @@ class SecureRounds:
             )
         self._accept_all(side, keys=keys, job_name=job_name)
         # With what it received (the group key): what unmasking the aggregate needs.
-        write_private(
-            self._secrets_path(job, aggregation), json.dumps(side.saved()).encode("ascii")
-        )
+        self._keep(job, aggregation, side)
         data = side.mask(floats).to_bytes()
         channel = self.relay.channel()
         try:
@@ -334,4 +336,4 @@ class SecureRounds:
         )
 
 
-__all__ = ["SEED_TOPIC", "SecAggError", "SecureRoundError", "SecureRounds"]
+__all__ = ["SEED_TOPIC", "SecureRoundError", "SecureRounds"]

@@ -15,11 +15,11 @@ averaged like the fronts) or ``v2`` (SFLV2: one server segment serving every hos
 steps in a seeded interleaving, :meth:`SplitFedMode.step_order`); ``labels`` ``server``
 (vanilla placement, one cut) or ``hospital`` (U-shaped placement, two cuts).
 
-The platform runs SFLV1 (:attr:`SplitFedMode.runs_on_platform`): the agents submit masked
-segments through the relay to a worker aggregator (docs/protocol.md, "Secure aggregation
-on the platform"); SFLV2 runs in process only. In process,
-:class:`medsplit.training.split_job.SplitJob` runs both with the secure aggregation
-performed for real.
+The platform runs both variants: the agents submit masked segments through the relay to a
+worker aggregator (docs/protocol.md, "Secure aggregation on the platform"); SFLV2's round
+is one worker task on one shared server segment (``workers/group_runner.py``). In
+process, :class:`medsplit.training.split_job.SplitJob` runs both with the secure
+aggregation performed for real.
 """
 
 from __future__ import annotations

@@ -331,16 +331,21 @@ def _record_result(
             f"{', '.join(missing)}) are gone; the job's result cannot be made"
         )
     blobs = [read_verified(checkpoint_dir() / row.path, row.sha256) for row in ends]
-    data = combine(blobs)
-    path = checkpoint_path(job_id=job.pk, round_index=job.rounds, position=0, step=0)
+    return _record_round_start(turn=by, round_index=job.rounds, data=combine(blobs))
+
+
+def _record_round_start(*, turn: Turn, round_index: int, data: bytes) -> ServerCheckpoint:
+    """``data`` as the server state round ``round_index`` of ``turn``'s job starts from
+    (position 0, step 0; one past the last round: the job's result), written by ``turn``."""
+    path = checkpoint_path(job_id=turn.job_id, round_index=round_index, position=0, step=0)
     digest = write_atomic(checkpoint_dir() / path, data)
     row, _ = ServerCheckpoint.objects.update_or_create(
-        job_id=job.pk,
-        round_index=job.rounds,
+        job_id=turn.job_id,
+        round_index=round_index,
         position=0,
         step=0,
         defaults={
-            "turn": by,
+            "turn": turn,
             "path": path,
             "sha256": digest,
             "size_bytes": len(data),
@@ -374,22 +379,8 @@ def shared_end_record(*, turn: Turn, round_index: int, data: bytes) -> ServerChe
     """The shared server segment after every training step of ``round_index`` (SFLV2): the
     job's server state, at the place the next round starts from (round + 1, position 0,
     step 0; after the last round, the job's result)."""
-    path = checkpoint_path(job_id=turn.job_id, round_index=round_index + 1, position=0, step=0)
-    digest = write_atomic(checkpoint_dir() / path, data)
     with transaction.atomic():
-        row, _ = ServerCheckpoint.objects.update_or_create(
-            job_id=turn.job_id,
-            round_index=round_index + 1,
-            position=0,
-            step=0,
-            defaults={
-                "turn": turn,
-                "path": path,
-                "sha256": digest,
-                "size_bytes": len(data),
-                "created_at": timezone.now(),
-            },
-        )
+        row = _record_round_start(turn=turn, round_index=round_index + 1, data=data)
         Job.objects.filter(pk=turn.job_id).update(server_checkpoint=row)
     return row
 

@@ -124,6 +124,22 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
+def assert_audit_row_reads_as_words(row, *phrases: str) -> None:
+    """An audit row's summary says ``phrases`` in words, with no JSON in it, and its
+    JSON shows only on demand (the "JSON" toggle)."""
+    from playwright.sync_api import expect
+
+    summary = row.get_by_test_id("audit-summary")
+    for phrase in phrases:
+        expect(summary).to_contain_text(phrase)
+    assert '{"' not in summary.inner_text()
+    shown = row.get_by_test_id("audit-json")
+    expect(shown).to_be_hidden()
+    row.get_by_text("JSON", exact=True).click()
+    expect(shown).to_be_visible()
+    assert '"crossed": {' in shown.inner_text()
+
+
 class CoordinatorProcess:
     """The coordinator as its own process (``manage.py runserver``) on the test's database,
     so that a test can stop it under an open page and start it again on the same port."""

@@ -21,7 +21,7 @@ import redis
 from playwright.sync_api import expect
 
 from tests.demo_run import QUICK, DemoRun, answers, still_running
-from tests.frontend.conftest import screenshot, sign_in
+from tests.frontend.conftest import assert_audit_row_reads_as_words, screenshot, sign_in
 from tests.redis_server import DEFAULT_URL, reachable
 
 pytestmark = pytest.mark.slow
@@ -252,16 +252,7 @@ def test_the_audit_log_reads_as_words_with_the_json_on_demand(page, finished: De
     page.goto("/#/audit?action=turn.finished")
     rows = page.get_by_test_id("audit-row")
     expect(rows).to_have_count(len(HOSPITALS) * ROUNDS)
-    row = rows.first
-    summary = row.get_by_test_id("audit-summary")
-    expect(summary).to_contain_text("crossed: up: activations")
-    expect(summary).to_contain_text("bytes up: ")
-    assert '{"' not in summary.inner_text()
-    shown = row.get_by_test_id("audit-json")
-    expect(shown).to_be_hidden()
-    row.get_by_text("JSON", exact=True).click()
-    expect(shown).to_be_visible()
-    assert '"crossed": {' in shown.inner_text()
+    assert_audit_row_reads_as_words(rows.first, "crossed: up: activations", "bytes up: ")
     screenshot(page, "demo-audit")
 
 

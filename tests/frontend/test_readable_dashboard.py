@@ -22,7 +22,7 @@ from playwright.sync_api import expect
 
 from hospital_agent.coordinator import Coordinator
 from hospitals.models import Hospital
-from tests.frontend.conftest import screenshot, sign_in
+from tests.frontend.conftest import assert_audit_row_reads_as_words, screenshot, sign_in
 from tests.platform_apps.conftest import PASSWORD, issue_agent_token, make_hospital
 from tests.workers.processes import processes
 from training import services
@@ -273,17 +273,12 @@ def test_audit_details_read_as_words_with_the_json_on_demand(
     page = open_page()
     sign_in(page, consortium_admin.username)
     page.goto("/#/audit?action=turn.finished")
-    row = page.get_by_test_id("audit-row").first
-    summary = row.get_by_test_id("audit-summary")
-    expect(summary).to_contain_text("crossed: up: activations (pool1); labels (labels)")
-    expect(summary).to_contain_text("bytes up: 195.3 KiB")
-    expect(summary).to_contain_text("metrics: train loss 0.6100, val accuracy 0.7500")
-    assert '{"' not in summary.inner_text()
-    shown = row.get_by_test_id("audit-json")
-    expect(shown).to_be_hidden()
-    row.get_by_text("JSON", exact=True).click()
-    expect(shown).to_be_visible()
-    assert '"crossed": {' in shown.inner_text()
+    assert_audit_row_reads_as_words(
+        page.get_by_test_id("audit-row").first,
+        "crossed: up: activations (pool1); labels (labels)",
+        "bytes up: 195.3 KiB",
+        "metrics: train loss 0.6100, val accuracy 0.7500",
+    )
     screenshot(page, "audit-details")
 
 

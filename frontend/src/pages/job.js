@@ -805,8 +805,10 @@ export async function render(root, [id], session) {
     ]);
     if (stopped) return;
     series = newSeries;
-    // A job with secure aggregation rounds changes between turns too: read it again.
-    if (newStatus.state !== job.state || job.aggregations?.length || newStatus.state === "running") {
+    // A job with secure aggregation rounds changes between turns too (an aggregation opens
+    // once a round's turns ended): read it again then, not on every refresh.
+    const betweenTurns = newStatus.state === "running" && !(newTurns || []).some((t) => t.status === "running");
+    if (newStatus.state !== job.state || job.aggregations?.length || betweenTurns) {
       const changed = newStatus.state !== job.state;
       job = await api(`jobs/${jobId}/`);
       if (stopped) return;
