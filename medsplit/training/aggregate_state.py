@@ -4,7 +4,7 @@ Shared by the in-process job (:mod:`medsplit.training.parallel`) and the agent, 
 both average the same tensors the same way: the float32 tensors of the hospital's parties
 (keyed ``"<party>.<name>"``, as ``combine_exported`` keys them) go through the masked sum;
 the integer buffers (BatchNorm's ``num_batches_tracked``) count batches, are public, and
-are combined by their maximum in the clear (:func:`~medsplit.modes.splitfed.combine_counts`).
+are combined by their maximum in the clear (:func:`~medsplit.modes.averaging.combine_counts`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from medsplit.errors import ConfigError
-from medsplit.modes.splitfed import combine_counts, split_state
+from medsplit.modes.averaging import combine_counts, split_state
 from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.party import Party
 

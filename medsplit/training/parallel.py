@@ -25,7 +25,7 @@ from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
 from medsplit.errors import RoundPlanError
 from medsplit.modes import GroupServer, SplitMode, StartFrom
-from medsplit.modes.splitfed import combine_counts, split_state
+from medsplit.modes.averaging import combine_counts, split_state
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.keys import RecipientKey, SignedRecipientKey, generate_identity_key
 from medsplit.protocol.link import LocalLink

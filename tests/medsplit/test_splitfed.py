@@ -13,7 +13,8 @@ from medsplit.cli import main
 from medsplit.data import DataSplit, synthetic_split
 from medsplit.errors import ConfigError
 from medsplit.modes import GroupServer, ModeOption, get_mode
-from medsplit.modes.splitfed import SplitFedMode, weighted_average
+from medsplit.modes.averaging import weighted_average
+from medsplit.modes.splitfed import SplitFedMode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.secagg import FixedPoint, VectorLayout, clear_weighted_sum
 from medsplit.training.config import TrainingConfig
