@@ -37,7 +37,8 @@ from medsplit.training.evaluate import MajorityBaseline, majority_baseline
 from medsplit.training.schedule import turn_length
 from medsplit.training.simulate import SimulationData, SimulationSetup, load_hospitals, simulate
 from medsplit.training.split_job import RoundReport
-from medsplit.training.verify import verify_split
+from medsplit.training.verify import verify_split, verify_vertical
+from medsplit.training.vertical_simulate import MISSING_SHARE, VerticalRound, simulate_vertical
 from medsplit.wire.codecs import CODECS
 
 #: Extra modes the CLI registers, "package.module:ClassName" separated by commas.
@@ -345,15 +346,32 @@ def _verify(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.hospitals < 1:
         print("medsplit verify: error: --steps and --hospitals must be at least 1", file=sys.stderr)
         return 2
-    per_turn = math.ceil(args.steps / args.hospitals)
+    probe = _training_config(args, args.model)
+    # Parties holding different features of the same records all take every step.
+    vertical = probe.split_mode.feature_sets
+    per_turn = args.steps if vertical else math.ceil(args.steps / args.hospitals)
     config = _training_config(args, args.model, max_steps_per_turn=per_turn)
     model = _build(args, shape, seed=args.seed)
-    data = synthetic_split(per_turn * args.batch_size * args.hospitals, shape=shape, seed=args.seed)
-    splits = [
-        type(data)(data.images[i :: args.hospitals], data.labels[i :: args.hospitals])
-        for i in range(args.hospitals)
-    ]
-    report = verify_split(model, splits, config, progress=not args.json)
+    if vertical:
+        if args.hospitals < 2:
+            print(
+                "medsplit verify: error: a vertical job needs --hospitals 2 or more",
+                file=sys.stderr,
+            )
+            return 2
+        data = synthetic_split(per_turn * args.batch_size, shape=shape, seed=args.seed)
+        report = verify_vertical(
+            model, data, config, parties=args.hospitals, progress=not args.json
+        )
+    else:
+        data = synthetic_split(
+            per_turn * args.batch_size * args.hospitals, shape=shape, seed=args.seed
+        )
+        splits = [
+            type(data)(data.images[i :: args.hospitals], data.labels[i :: args.hospitals])
+            for i in range(args.hospitals)
+        ]
+        report = verify_split(model, splits, config, progress=not args.json)
     if args.json:
         print(json.dumps(report.to_json()))
     elif report.exact:
@@ -388,6 +406,11 @@ def _simulate(args: argparse.Namespace) -> int:
     hospitals = load_hospitals(setup, seed=args.seed)
     probe = _training_config(args, args.model, **overrides)
     total_steps = max(1, args.rounds * sum(turn_length(probe, len(h.train)) for h in hospitals))
+    if probe.split_mode.feature_sets:
+        # Every party takes every step, over the records all of them hold.
+        records = sum(len(h.train) for h in hospitals)
+        aligned = records - args.hospitals * int(records * MISSING_SHARE)
+        total_steps = max(1, args.rounds * turn_length(probe, aligned))
     config = _training_config(
         args, args.model, schedule=args.schedule, total_steps=total_steps, **overrides
     )
@@ -397,6 +420,8 @@ def _simulate(args: argparse.Namespace) -> int:
         torch.cat([h.val.labels for h in hospitals if h.val is not None]),
     )
     source = args.data or f"{args.samples} synthetic images"
+    if config.split_mode.feature_sets:
+        return _simulate_vertical(args, setup, config, baseline, source)
     print(
         f"simulating {args.hospitals} hospitals on {source}: {args.model}, {_mode_label(config)} "
         f"mode, cut {' / '.join(config.cuts)}, codec {config.codec}, {config.rounds} rounds",
@@ -411,6 +436,53 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_round_json(r, baseline) for r in reports], indent=2))
     return 0
+
+
+def _simulate_vertical(
+    args: argparse.Namespace,
+    setup: SimulationSetup,
+    config: TrainingConfig,
+    baseline: MajorityBaseline,
+    source: object,
+) -> int:
+    print(
+        f"simulating {args.hospitals} parties holding bands of each image of {source}: "
+        f"{args.model}, {_mode_label(config)} mode, cut {' / '.join(config.cuts)}, codec "
+        f"{config.codec}, {config.rounds} rounds; records aligned by private set intersection",
+        file=sys.stderr,
+    )
+
+    def show(done: VerticalRound) -> None:
+        r, val = done.report, done.validation
+        leakage = "; ".join(
+            f"{party}: norm AUC {_auc(a.get('norm_auc'))}, cosine AUC {_auc(a.get('cosine_auc'))}"
+            for party, a in r.leakage.items()
+        )
+        print(
+            f"round {r.round + 1}: train loss {r.mean_loss:.4f}, val accuracy "
+            f"{val.get('val_accuracy', float('nan')):.3f} ({baseline.describe()}), val AUC "
+            f"{_auc(val.get('val_auc'))}, crossed {r.bytes_up / 2**20:.2f} MiB up, "
+            f"{r.bytes_down / 2**20:.2f} MiB down in {r.steps} steps; label leakage "
+            f"({leakage})",
+            flush=True,
+        )
+
+    rounds = simulate_vertical(
+        setup, config, progress=not args.json, on_round=None if args.json else show
+    )
+    if args.json:
+        out = []
+        for done in rounds:
+            row = _round_json(done.report, baseline)
+            row["validation"] = done.validation
+            row["label_leakage"] = done.report.leakage
+            out.append(row)
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+def _auc(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _mode_label(config: TrainingConfig) -> str:

@@ -19,6 +19,7 @@ from medsplit.models.args import check_build_args, is_int
 from medsplit.models.factory import build_factory_model, is_factory_name
 from medsplit.models.skip_net import SkipNet
 from medsplit.models.small_cnn import small_cnn
+from medsplit.models.tabular_mlp import tabular_mlp
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ def _build_small_cnn(*, spatial_dims: int, in_channels: int, num_classes: int) -
     return small_cnn(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
 
 
+def _build_tabular_mlp(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    return tabular_mlp(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
+
+
 def _build_skip_net(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
     return SkipNet(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
 
@@ -134,6 +139,15 @@ _SPECS: dict[str, ModelSpec] = {
             default_cut_pair=("block1", "block3"),
             build=_build_skip_net,
         ),
+        ModelSpec(
+            name="tabular_mlp",
+            description="Multilayer perceptron for a table of numeric features "
+            "(in_channels is the number of columns); a vertical job's tabular party",
+            default_input_shape=(16,),
+            default_cut="block1",
+            default_cut_pair=("block1", "block3"),
+            build=_build_tabular_mlp,
+        ),
     )
 }
 
@@ -160,7 +174,7 @@ def build_model(
     name: str,
     *,
     spatial_dims: int = 2,
-    in_channels: int = 1,
+    in_channels: int | None = None,
     num_classes: int = 2,
     seed: int | None = None,
 ) -> nn.Module:
@@ -169,7 +183,8 @@ def build_model(
     Args:
         name: a name from :func:`model_names`.
         spatial_dims: 2 for images, 3 for volumes.
-        in_channels: channels of the input (1 for grey scale, 3 for RGB).
+        in_channels: channels of the input (1 for grey scale, 3 for RGB; a tabular
+            model's feature columns); by default those of the model's default input.
         num_classes: number of output logits, at least 2.
         seed: with a seed, two builds give identical weights; the global torch RNG is
             left as it was. ``None`` draws from the global RNG like any torch module.
@@ -182,6 +197,8 @@ def build_model(
         ConfigError: an argument is out of range (the message names it).
     """
     spec = get_model_spec(name)
+    if in_channels is None:
+        in_channels = spec.default_input_shape[0]
     check_build_args(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
     if seed is not None and (not is_int(seed) or seed < 0):
         raise ConfigError(f"seed must be None or an integer >= 0, got {seed!r}")
@@ -204,7 +221,7 @@ def build_any_model(
     model_args: Mapping[str, object] | None = None,
     allowed_modules: Collection[str] | None = None,
     spatial_dims: int = 2,
-    in_channels: int = 1,
+    in_channels: int | None = None,
     num_classes: int = 2,
     seed: int | None = None,
 ) -> nn.Module:

@@ -11,6 +11,7 @@ from medsplit.modes.base import Side, SplitMode
 from medsplit.modes.splitfed import SplitFedMode
 from medsplit.modes.ushaped import UShapedMode
 from medsplit.modes.vanilla import VanillaMode
+from medsplit.modes.vertical import VerticalMode
 from medsplit.wire.frame import MODE_NAME_RE
 
 #: Every registered mode by name, in registration order (the built-in ones first).
@@ -165,3 +166,4 @@ def _where(cls: type) -> str:
 register(VanillaMode())
 register(UShapedMode())
 register(SplitFedMode())
+register(VerticalMode())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -17,6 +17,13 @@ from medsplit.training.parallel_reference import train_parallel_unsplit
 from medsplit.training.reference import train_unsplit
 from medsplit.training.schedule import Batch, job_batches, turn_length
 from medsplit.training.split_job import Hospital, SplitJob
+from medsplit.training.vertical_job import VerticalJob, VerticalParty
+from medsplit.training.vertical_model import (
+    build_vertical,
+    image_parts,
+    same_model_parts,
+    train_vertical_unsplit,
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,13 @@ def verify_split(
             reference = train_unsplit(
                 model, splits, config, job.split, loss_fn=loss_fn, batches=batches
             )
-    got = job.state_dict()
-    want_all = reference.state_dict()
+    return compare_states(job.state_dict(), reference.state_dict(), steps)
+
+
+def compare_states(
+    got: Mapping[str, torch.Tensor], want_all: Mapping[str, torch.Tensor], steps: int
+) -> VerifyReport:
+    """Every tensor of ``want_all`` against ``got`` with ``torch.equal``: the report."""
     extra = sorted(set(got) - set(want_all))
     if extra:
         return VerifyReport(False, len(want_all), steps, extra[0])
@@ -115,3 +127,48 @@ def verify_split(
                 diff = float((have.double() - want.double()).abs().max())
             return VerifyReport(False, len(want_all), steps, name, diff)
     return VerifyReport(True, len(want_all), steps)
+
+
+def verify_vertical(
+    model: torch.nn.Module,
+    data: DataSplit,
+    config: TrainingConfig,
+    *,
+    parties: int,
+    progress: bool = False,
+) -> VerifyReport:
+    """A vertical job against its unsplit multi-input model: ``parties`` parties each
+    hold one band of every image of ``data`` (:func:`image_parts`) and their own copy of
+    ``model``'s front; the first holds the labels. Exact with codec ``none``."""
+    names = [f"hospital-{i + 1}" for i in range(parties)]
+    mode = config.split_mode
+    example = data.images[:2]
+    built = build_vertical(
+        same_model_parts(model, example, config.cuts, names),
+        mode=mode,  # type: ignore[arg-type]
+        label_party=names[0],
+        seed=config.seed,
+    )
+    identifiers = tuple(f"record-{i:06d}" for i in range(len(data)))
+    bands = image_parts(data.images, parties)
+    records = [
+        VerticalParty(name, identifiers, band, data.labels if i == 0 else None)
+        for i, (name, band) in enumerate(zip(names, bands, strict=True))
+    ]
+    with deterministic(), torch.random.fork_rng(devices=[]):
+        job = VerticalJob(built, config, records, minimum=1)
+        per_run = config.rounds * turn_length(config, len(job.alignment))
+        with tqdm(total=2 * per_run, desc="verifying", unit="step", disable=not progress) as bar:
+            bar.set_postfix(run="split")
+            torch.manual_seed(config.seed)
+            steps = sum(r.steps for r in job.run(on_step=lambda _: bar.update(1)))
+            bar.set_postfix(run="unsplit")
+            torch.manual_seed(config.seed)
+
+            def counted() -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+                for batch in job.all_batches():
+                    yield batch
+                    bar.update(1)
+
+            reference = train_vertical_unsplit(built, counted(), config)
+    return compare_states(job.state_dict(), reference.state_dict(), steps)
