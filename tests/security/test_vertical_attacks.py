@@ -121,5 +121,5 @@ def test_a_party_cannot_skip_the_others_or_speak_for_another_job() -> None:
     with pytest.raises(ProtocolError, match="job 'job-8'"):
         server.forward(frames)  # type: ignore[attr-defined]
     # A passive party sending labels does not match its frame's form at all.
-    with pytest.raises(FrameError, match="unexpected \[.labels.\]"):
+    with pytest.raises(FrameError, match=r"unexpected \[.labels.\]"):
         _wire(_frame(labels=True), server, "b")
