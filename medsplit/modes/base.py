@@ -75,6 +75,7 @@ class GroupServer(StrEnum):
 
     PER_TURN = "per_turn"  # each turn its own copy, combined once the group ended
     SHARED = "shared"  # one segment serving every turn's steps in the mode's step_order
+    JOINT = "joint"  # one segment, each step joining every turn's frame (vertical)
 
 
 class StartFrom(StrEnum):
@@ -83,6 +84,7 @@ class StartFrom(StrEnum):
     PREVIOUS = "previous"  # the hand-off of the hospital that took the turn before
     INITIAL = "initial"  # the job's initial weights (the halves of the seeded model)
     AGGREGATE = "aggregate"  # what :meth:`SplitMode.combine` made of the last group
+    OWN = "own"  # this hospital's own last turn: its segments never leave it (vertical)
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,9 @@ class SplitMode(ABC):
             patients, each naming its feature set (vertical split learning).
         secure_aggregation: a parallel group's hospital segments are combined by secure
             aggregation (:mod:`medsplit.secagg`), never seen in the clear by the server.
+        hands_on: a hospital's segments go to the hospitals after it (sealed hand-offs);
+            without it each keeps its own between rounds and seals nothing (vertical:
+            every party its own front, which no other party may see).
         runs_on_platform: the coordinator may accept this mode's jobs (``False`` while
             the platform lacks what the mode needs, e.g. secure aggregation).
         parallel_in_process: the in-process job (``SplitJob``) runs the round plan's
@@ -243,6 +248,7 @@ class SplitMode(ABC):
     server_segment: ClassVar[int] = 1
     feature_sets: ClassVar[bool] = False
     secure_aggregation: ClassVar[bool] = False
+    hands_on: ClassVar[bool] = True
     runs_on_platform: ClassVar[bool] = True
     parallel_in_process: ClassVar[bool] = False
 

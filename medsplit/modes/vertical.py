@@ -32,7 +32,7 @@ import torch
 
 from medsplit.cutting import BoundaryTensor, SplitModel
 from medsplit.errors import ConfigError, ProtocolError
-from medsplit.modes.base import ModeOption, Side, SplitMode
+from medsplit.modes.base import GroupServer, ModeOption, Side, SplitMode, StartFrom
 from medsplit.modes.ushaped import UShapedMode
 from medsplit.modes.vanilla import VanillaMode
 from medsplit.protocol.checks import BATCH as BATCH_PROBLEM
@@ -158,6 +158,7 @@ class VerticalMode(SplitMode):
     labels = Side.HOSPITAL
     server_segment = 1
     feature_sets = True
+    hands_on = False
     runs_on_platform = False
 
     def __init__(self, join: str = SUM, labels: str = Side.HOSPITAL.value) -> None:
@@ -273,6 +274,24 @@ class VerticalMode(SplitMode):
             limits=limits,
             mode=self.name,
         )
+
+    # -- the round ----------------------------------------------------------------------
+
+    def plan_round(self, participants: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """One group: every party takes every step of the round together."""
+        return [tuple(participants)]
+
+    def start_from(self, round_index: int, group_index: int) -> StartFrom:
+        """The seeded model's segments first, then each party its own last state."""
+        return StartFrom.INITIAL if round_index == 0 else StartFrom.OWN
+
+    def result_from(self, rounds: int) -> StartFrom:
+        """Each party's own state after the last round (no party holds another's)."""
+        return StartFrom.OWN
+
+    def group_server(self) -> GroupServer:
+        """One top segment for the round, each step joining every party's frame."""
+        return GroupServer.JOINT
 
     def eval_logits(
         self,
@@ -403,6 +422,7 @@ class VerticalServer:
         self.loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
         self.limits = limits
         self._pending = PendingStep()
+        self._ids: dict[str, StepIds] = {}
         self._leaves: dict[str, torch.Tensor] = {}
         self._outputs: dict[str, torch.Tensor] = {}
         self._samples = 0
@@ -414,9 +434,8 @@ class VerticalServer:
 
     def expect(self, party: str) -> FrameSpec:
         """What ``party``'s next frame must look like."""
-        if self._pending.ids is not None:
-            if party != self.label_party or self.head_boundary is None:
-                raise ProtocolError(f"vertical server expects no frame from {party!r} now")
+        if self._pending.ids is not None and party == self.label_party:
+            assert self.head_boundary is not None  # a step pends only with a head
             specs = gradient_spec(self.head_boundary)
             return FrameSpec(
                 kind=FrameKind.HEAD_GRADIENTS, tensors=specs, optional=frozenset(specs)
@@ -464,10 +483,11 @@ class VerticalServer:
         if self.head_boundary is None:
             self.top.step()
             return self._replies(ids, grads, loss.detach().float())
-        self._pending.begin(ids, who="server")
-        self._leaves, self._outputs = leaves, out
+        label = ids[self.label_party]
+        self._pending.begin(label, who="server")
+        self._ids, self._leaves, self._outputs = ids, leaves, out
         self._samples, self._rollback = samples, rollback
-        reply = Frame(ids.meta(FrameKind.HEAD_ACTIVATIONS, self.mode, self.codec), tensors)
+        reply = Frame(label.meta(FrameKind.HEAD_ACTIVATIONS, self.mode, self.codec), tensors)
         return {self.label_party: reply}
 
     def backward(self, frame: Frame) -> dict[str, Frame]:
@@ -477,7 +497,8 @@ class VerticalServer:
             ProtocolError: no step in flight, or the frame is not its next one.
             FrameRejected: the frame failed a check; the step is undone.
         """
-        ids = self._pending.check(frame, FrameKind.HEAD_GRADIENTS, who="server")
+        self._pending.check(frame, FrameKind.HEAD_GRADIENTS, who="server")
+        ids = self._ids
         with refused_undone(self._rollback):
             conforms(frame, self.expect(self.label_party))
             check_batch(frame, self._samples)
@@ -485,13 +506,19 @@ class VerticalServer:
             backward_into(self._outputs, frame.tensors)
             grads = self._gradients(frame, self._leaves, None)
         self.top.step()
-        self._leaves, self._outputs, self._rollback = {}, {}, None
+        self._ids, self._leaves, self._outputs, self._rollback = {}, {}, {}, None
         self._pending.end()
         return self._replies(ids, grads, None)
 
-    def _check_step(self, frames: Mapping[str, Frame]) -> tuple[StepIds, int]:
+    def _check_step(self, frames: Mapping[str, Frame]) -> tuple[dict[str, StepIds], int]:
+        """Every frame of the step checked; each party's step ids (their positions differ
+        on the platform, one turn each) and the batch size.
+
+        Raises:
+            FrameRejected: naming the party whose frame failed.
+        """
         first = frames[self.label_party]
-        ids = StepIds.of(first)
+        step = (first.meta.job, first.meta.round, first.meta.step)
         sizes = {}
         for party in self.parties:
             frame = frames[party]
@@ -500,27 +527,31 @@ class VerticalServer:
                     f"frame of job {frame.meta.job!r} from {party!r} reached the server of "
                     f"job {self.job!r}"
                 )
-            if StepIds.of(frame) != ids:
-                raise FrameRejected.of(
-                    frame,
-                    BATCH_PROBLEM,
-                    f"{party!r} sent step {StepIds.of(frame).order}, the label party "
-                    f"{ids.order}: the parties are not on the same step",
-                )
-            check_training_step(frame, self.limits)
-            conforms(frame, self.expect(party))
-            sizes[party] = batch_of(frame)
-            check_training_batch(frame, sizes[party], self.limits)
-            check_finite(frame)
+            try:
+                if (frame.meta.job, frame.meta.round, frame.meta.step) != step:
+                    raise FrameRejected.of(
+                        frame,
+                        BATCH_PROBLEM,
+                        f"round {frame.meta.round} step {frame.meta.step}, where the label "
+                        f"party is at round {step[1]} step {step[2]}: the parties are not on "
+                        "the same step",
+                    )
+                check_training_step(frame, self.limits)
+                conforms(frame, self.expect(party))
+                sizes[party] = batch_of(frame)
+                check_training_batch(frame, sizes[party], self.limits)
+                check_finite(frame)
+                if party == self.label_party and self.head_boundary is None:
+                    check_labels(frame, frame.tensors[LABELS], self.limits)
+            except FrameRejected as e:
+                raise e.sent_by(party) from e
         if len(set(sizes.values())) > 1:
             raise FrameRejected.of(
                 first,
                 BATCH_PROBLEM,
                 f"the parties' batches differ ({sizes}): they are not on the same records",
             )
-        if self.head_boundary is None:
-            check_labels(first, first.tensors[LABELS], self.limits)
-        return ids, sizes[self.label_party]
+        return {p: StepIds.of(f) for p, f in frames.items()}, sizes[self.label_party]
 
     def _gradients(
         self, frame: Frame, leaves: Mapping[str, torch.Tensor], loss: torch.Tensor | None
@@ -533,12 +564,16 @@ class VerticalServer:
         return grads
 
     def _replies(
-        self, ids: StepIds, grads: Mapping[str, torch.Tensor], loss: torch.Tensor | None
+        self,
+        ids: Mapping[str, StepIds],
+        grads: Mapping[str, torch.Tensor],
+        loss: torch.Tensor | None,
     ) -> dict[str, Frame]:
         replies = {}
         for party, tensor in self.inputs.items():
             tensors = {tensor.name: grads[party]} if party in grads else {}
             if loss is not None and party == self.label_party:
                 tensors[LOSS] = loss
-            replies[party] = Frame(ids.meta(FrameKind.GRADIENTS, self.mode, self.codec), tensors)
+            meta = ids[party].meta(FrameKind.GRADIENTS, self.mode, self.codec)
+            replies[party] = Frame(meta, tensors)
         return replies

@@ -79,6 +79,24 @@ class AlignedBatch:
     labels: torch.Tensor
 
 
+def aligned_steps(config: TrainingConfig, alignment: Alignment, round_: int) -> Iterator[list[int]]:
+    """The aligned positions of each step of round ``round_``: ``local_epochs`` passes
+    over the intersection (epoch ``round × local_epochs + e`` orders each, from the
+    job's seed, :func:`medsplit.psi.epoch_batches`), capped at ``max_steps_per_turn``.
+    Every party derives the same list alone; no index crosses."""
+    cap = turn_length(config, len(alignment))
+    step = 0
+    for local in range(config.local_epochs):
+        epoch = round_ * config.local_epochs + local
+        for positions in epoch_batches(
+            alignment, config.batch_size, seed=config.seed, epoch=epoch, drop_last=config.drop_last
+        ):
+            if step >= cap:
+                return
+            yield positions
+            step += 1
+
+
 def align_parties(
     parties: Sequence[VerticalParty], *, label_party: str, job: str, seed: int, minimum: int
 ) -> Alignment:
@@ -168,25 +186,14 @@ class VerticalJob:
     # -- the batches ---------------------------------------------------------------------
 
     def batches(self, round_: int) -> Iterator[AlignedBatch]:
-        """Round ``round_``'s steps: ``local_epochs`` passes over the intersection (epoch
-        ``round × local_epochs + e`` orders each), capped at ``max_steps_per_turn``."""
-        cfg = self.config
-        cap = turn_length(cfg, len(self.alignment))
-        step = 0
-        for local in range(cfg.local_epochs):
-            epoch = round_ * cfg.local_epochs + local
-            for positions in epoch_batches(
-                self.alignment, cfg.batch_size, seed=cfg.seed, epoch=epoch, drop_last=cfg.drop_last
-            ):
-                if step >= cap:
-                    return
-                index = torch.tensor(positions)
-                inputs = {n: p.features[self.rows[n][index]] for n, p in self.data.items()}
-                label = self.data[self.model.label_party]
-                assert label.labels is not None
-                labels = label.labels[self.rows[label.name][index]]
-                yield AlignedBatch(StepIds(cfg.job, round_, 0, step), inputs, labels)
-                step += 1
+        """Round ``round_``'s steps (:func:`aligned_steps`), every party's rows of them."""
+        label = self.data[self.model.label_party]
+        assert label.labels is not None
+        for step, positions in enumerate(aligned_steps(self.config, self.alignment, round_)):
+            index = torch.tensor(positions)
+            inputs = {n: p.features[self.rows[n][index]] for n, p in self.data.items()}
+            labels = label.labels[self.rows[label.name][index]]
+            yield AlignedBatch(StepIds(self.config.job, round_, 0, step), inputs, labels)
 
     def all_batches(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Every step's inputs and labels, rounds in order (for the unsplit reference)."""
@@ -203,7 +210,7 @@ class VerticalJob:
             parties = self.parties[name]
             if name == model.label_party:
                 roles[name] = self.mode.client_role(
-                    parties, _LabelSplit(model), codec=cfg.codec, loss_fn=self.loss_fn
+                    parties, LabelBoundaries(model), codec=cfg.codec, loss_fn=self.loss_fn
                 )
             else:
                 roles[name] = self.mode.passive_role(
@@ -300,8 +307,9 @@ class VerticalJob:
         return self.trained().state_dict()
 
 
-class _LabelSplit:
-    """What the label party's role reads of a split: the boundaries at its cuts."""
+class LabelBoundaries:
+    """What the label party's role reads of a split: the boundaries at its cuts (its
+    front's embedding, and the top's output its head takes)."""
 
     def __init__(self, model: VerticalModel) -> None:
         first = (model.inputs[model.label_party],)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,6 +145,11 @@ class TurnClient:
         limits: what the server's frames must fit: ``turn_limits`` over this hospital's
             own data and the job's classes (:mod:`medsplit.training.schedule`); by default
             the same without the classes, so validation logits of any width pass.
+        role: builds the hospital's step role over its parties (default: the mode's
+            :meth:`~medsplit.modes.SplitMode.client_role`); a vertical party's is its own.
+        batches: the batches of a round's turn, from step 0 (default: ``train`` as
+            :func:`~medsplit.training.schedule.turn_batches` deals it); a vertical party's
+            follow the aligned records' order drawn from the job's seed.
 
     What changes while it runs: :attr:`turn_state`, :attr:`parties`, :attr:`role`,
     :attr:`position`, :attr:`policy`, the batches, :attr:`record` and
@@ -170,6 +176,8 @@ class TurnClient:
         stop: threading.Event | None = None,
         device: str = "cpu",
         limits: FrameLimits | None = None,
+        role: Callable[[dict[str, Party]], ClientRole] | None = None,
+        batches: Callable[[int], Iterator[Batch]] | None = None,
     ) -> None:
         self.ids = ids
         # The job's mode bound to its options (SplitFed's labels change the roles).
@@ -195,6 +203,8 @@ class TurnClient:
         self.on_step = on_step
         self.stop = stop or threading.Event()
         self.device = torch.device(device)
+        self._role_factory = role
+        self._batches_of = batches
         if 0 not in snapshots.steps():
             snapshots.save(0, start)
         own = turn_limits(
@@ -376,14 +386,20 @@ class TurnClient:
         snapshot = self.snapshots.load(step)
         import_parties(snapshot, self.parties)
         self.record.restored(snapshot, step)
-        self.role = self.mode.client_role(
-            self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
-        )
+        if self._role_factory is not None:
+            self.role = self._role_factory(self.parties)
+        else:
+            self.role = self.mode.client_role(
+                self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
+            )
         self._in_step = False
         self.position = step
-        batches = turn_batches(
-            self.config, self.train, round_=self.ids.round, hospital=self.ids.position
-        )
+        if self._batches_of is not None:
+            batches = self._batches_of(self.ids.round)
+        else:
+            batches = turn_batches(
+                self.config, self.train, round_=self.ids.round, hospital=self.ids.position
+            )
         self._batches = itertools.islice(batches, min(step, self.train_steps), None)
 
     # -- steps --------------------------------------------------------------------------
@@ -417,7 +433,8 @@ class TurnClient:
         if isinstance(result, Frame):
             return result
         self._in_step = False
-        self.record.losses[self.position] = result.loss
+        if not math.isnan(result.loss):  # a vertical passive party never learns the loss
+            self.record.losses[self.position] = result.loss
         if self.on_step is not None:
             self.on_step(result)
         self.position += 1

@@ -244,6 +244,10 @@ class TurnServer:
             steps (:class:`StepGate`); ``None``: this turn has the segment to itself.
         mode: the job's mode bound to its options (``TrainingConfig.split_mode``: where
             SplitFed's labels are changes its roles); default: ``ids.mode`` as registered.
+        role: builds this turn's server role afresh (at the start and on every resume);
+            default: the mode's :meth:`~medsplit.modes.SplitMode.server_role` on
+            ``party``. A vertical round gives each party's turn a role of its joint step
+            (:mod:`medsplit.turns.joint`).
 
     What changes while it runs: :attr:`turn_state`, :attr:`next_step`, :attr:`nonce`,
     :attr:`role`, :attr:`progress` and the checkpoints' ``saved_through``; the rest is
@@ -272,6 +276,7 @@ class TurnServer:
         reset_streams: bool = False,
         gate: StepGate | None = None,
         mode: SplitMode | None = None,
+        role: Callable[[], ServerRole] | None = None,
     ) -> None:
         policy = CheckpointPolicy(checkpoint_every)
         if mode is not None and mode.name != ids.mode:
@@ -295,6 +300,7 @@ class TurnServer:
         self.loss_fn = loss_fn
         self.reset_streams = reset_streams
         self.gate = gate
+        self._role_factory = role
         self.channel = channel
         self.streams = streams
         self.progress = initial or TurnProgress()
@@ -459,6 +465,8 @@ class TurnServer:
         self.progress.samples = start * self.batch_size
 
     def _new_role(self) -> ServerRole:
+        if self._role_factory is not None:
+            return self._role_factory()
         return self.mode.server_role(
             self.party,
             self.split,

@@ -222,7 +222,7 @@ def test_start_from_defaults_to_the_initial_weights_then_the_previous_hand_off()
     assert mode.start_from(0, 0) is StartFrom.INITIAL
     assert [mode.start_from(0, g) for g in (1, 2)] == [StartFrom.PREVIOUS] * 2
     assert [mode.start_from(r, 0) for r in (1, 5)] == [StartFrom.PREVIOUS] * 2
-    assert {s.value for s in StartFrom} == {"previous", "initial", "aggregate"}
+    assert {s.value for s in StartFrom} == {"previous", "initial", "aggregate", "own"}
 
 
 def test_round_robin_never_combines() -> None:
