@@ -445,6 +445,10 @@ class TurnTaker:
         # The job's result is what its mode says (an older coordinator sends none: the
         # last turn's hand-off, as round-robin).
         start = assignment.raw.get("result_from" if final else "start_from")
+        if start is not None and start["kind"] == StartFrom.OWN and start["sources"]:
+            # This hospital's own last state, which it kept and sealed for nobody.
+            own = self.jobs_dir(assignment.job) / "state.safetensors"
+            return own.read_bytes() if own.exists() else None
         if start is not None and start["kind"] != StartFrom.PREVIOUS:
             # The job's mode plans otherwise than a chain of hand-offs.
             split = split or assignment.model().split(config)
@@ -550,10 +554,13 @@ class TurnTaker:
             PeerKeyRefused: some participant's keys were refused (after sealing for the rest).
         """
         write_private(self.jobs_dir(assignment.job) / "state.safetensors", state)
-        if assignment.config().split_mode.secure_aggregation:
+        mode = assignment.config().split_mode
+        if mode.secure_aggregation:
             # Nobody gets this state in the clear: it goes into the round's secure
             # aggregation (submit_secure), masked.
             return
+        if not mode.hands_on:
+            return  # each party keeps its own segments (vertical): nobody else may see them
         pending = assignment.others(self.me)
         deadline = time.monotonic() + self.config.reply_timeout
         sealed, refused = 0, []

@@ -14,21 +14,32 @@ its start, the segment's state before its first step).
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 
 from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
+from medsplit.cutting import SplitModel
 from medsplit.errors import MedSplitError
 from medsplit.modes import GroupServer, require_mode
+from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.protocol.party import Party
+from medsplit.protocol.roles import ServerRole
+from medsplit.training.config import TrainingConfig
+from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import cached_split, server_party
+from medsplit.training.vertical_parts import job_vertical_model
 from medsplit.turns import TurnFailed, TurnIds, TurnProgress, TurnServer
-from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.joint import JointPartyRole, JointStep
+from medsplit.turns.server import SERVER_PARTY, StepGate
 from medsplit.turns.shared import SharedSegmentGate, SharedStart
 from medsplit.turns.stores import read_verified
 from training.models import Job, Turn
@@ -70,8 +81,10 @@ class GroupHooks(RunnerHooks):
 
 
 def shares_segment(job: Job) -> bool:
-    """Whether ``job``'s turns of a group share one server segment (one task each round)."""
-    return job.training_config().split_mode.group_server() == GroupServer.SHARED
+    """Whether ``job``'s turns of a group share one server segment (one task each round):
+    SFLV2's steps in turn, or vertical's joined."""
+    shared = (GroupServer.SHARED, GroupServer.JOINT)
+    return job.training_config().split_mode.group_server() in shared
 
 
 def group_of_shared_segment(turn_id: int) -> bool:
@@ -114,12 +127,21 @@ def run(turn_id: int, *, runner: str) -> str:
             turn_release(turn_id=claim.turn.pk, runner=runner)
 
 
-def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) -> str:
-    options = settings.MEDSPLIT
-    require_mode(job.mode, setting=EXTRA_MODES_SETTING)
-    config = job.training_config()
-    split = cached_split(job_model(job), config.cuts)
-    party = server_party(split, config)
+@dataclass
+class _GroupPlan:
+    """What the group's turns share: the server segment (and its split), where it starts,
+    the gate ordering or joining their steps, each turn's limits and role factory."""
+
+    party: Party
+    split: SplitModel | None
+    start: bytes
+    gate: StepGate
+    limits: list[FrameLimits]
+    roles: list[Callable[[], ServerRole] | None]
+
+
+def _round_start(job: Job, round_index: int, party: Party) -> bytes:
+    """The shared segment's state at the round's start, loaded into ``party``."""
     row = shared_start(job=job, round_index=round_index)
     start = (
         read_verified(checkpoint_dir() / row.path, row.sha256)
@@ -127,6 +149,14 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
         else export_parties({SERVER_PARTY: party})
     )
     import_parties(start, {SERVER_PARTY: party})
+    return start
+
+
+def _shared_plan(job: Job, config: TrainingConfig, round_index: int, claims: list) -> _GroupPlan:
+    """SFLV2: one segment, the group's steps one at a time in the mode's seeded order."""
+    split = cached_split(job_model(job), config.cuts)
+    party = server_party(split, config)
+    start = _round_start(job, round_index, party)
     limits = [reported_limits(job, config, c.turn.hospital) for c in claims]
     lengths = [lim.train_steps for lim in limits]
     positions = [c.turn.position for c in claims]
@@ -134,12 +164,58 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
         positions[i]
         for i in config.split_mode.step_order(lengths, seed=config.seed, round_index=round_index)
     ]
-    gate = SharedSegmentGate(order)
+    return _GroupPlan(party, split, start, SharedSegmentGate(order), limits, [None] * len(claims))
+
+
+def _joint_plan(job: Job, config: TrainingConfig, round_index: int, claims: list) -> _GroupPlan:
+    """Vertical: one top segment, each step joining every party's frame of it."""
+    participants = tuple(
+        c.turn.hospital.slug for c in sorted(claims, key=lambda c: c.turn.position)
+    )
+    model = job_vertical_model(job_model(job), config, participants)
+    party = Party.create(copy.deepcopy(model.top), config.server_optimizer)
+    start = _round_start(job, round_index, party)
+    from training.alignment import aligned_size  # TODO(lead): top-level once merged
+
+    size = aligned_size(job)
+    if size is None:
+        raise TurnFailed(
+            "the parties' record alignment is not agreed yet, so the steps of the round "
+            "cannot be checked against it"
+        )
+    limits = turn_limits(config, num_classes=job.job_description().num_classes, train=size, val=0)
+    server = config.split_mode.joint_server_role(  # type: ignore[attr-defined]
+        party,
+        inputs=model.inputs,
+        top_input=model.top_input,
+        head_boundary=model.head_boundary,
+        label_party=model.label_party,
+        job=config.job,
+        codec=config.codec,
+        limits=limits,
+    )
+    joint = JointStep(server, steps=limits.train_steps or 0)
+    roles: list[Callable[[], ServerRole] | None] = [
+        functools.partial(
+            JointPartyRole, joint, party=c.turn.hospital.slug, job=config.job, mode=config.mode
+        )
+        for c in claims
+    ]
+    return _GroupPlan(party, None, start, joint, [limits] * len(claims), roles)
+
+
+def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) -> str:
+    options = settings.MEDSPLIT
+    require_mode(job.mode, setting=EXTRA_MODES_SETTING)
+    config = job.training_config()
+    joint = config.split_mode.group_server() == GroupServer.JOINT
+    plan = (_joint_plan if joint else _shared_plan)(job, config, round_index, claims)
+    party, split, start, gate = plan.party, plan.split, plan.start, plan.gate
     recorded = threading.Event()
     outcomes: dict[int, str] = {}
     bounds = limits_of_job(job)
 
-    def serve(claim, lim) -> None:
+    def serve(claim, lim, role) -> None:
         turn = claim.turn
         channel = RedisChannel(
             options["WORKER_REDIS_URL"],
@@ -166,6 +242,7 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
                 reset_streams=claim.taken_over or turn.attempt > 1 or turn.runs > 1,
                 gate=gate,
                 mode=config.split_mode,
+                role=role,
             )
             outcomes[turn.pk] = server.run().value
         except Exception as e:  # the group's end decides, below
@@ -180,8 +257,8 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
             gate.fail(f"the turn of {turn.hospital.slug} ended: {outcomes[turn.pk]}")
 
     threads = [
-        threading.Thread(target=serve, args=(c, lim), name=f"turn-{c.turn.pk}", daemon=True)
-        for c, lim in zip(claims, limits, strict=True)
+        threading.Thread(target=serve, args=(c, lim, role), name=f"turn-{c.turn.pk}", daemon=True)
+        for c, lim, role in zip(claims, plan.limits, plan.roles, strict=True)
     ]
     for thread in threads:
         thread.start()

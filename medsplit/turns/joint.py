@@ -56,6 +56,8 @@ class JointStep:
         self._started = False
         self._failed: str | None = None
         self.done = 0
+        #: The steps applied, in order (every party's at once).
+        self.served: list[int] = []
 
     @property
     def trained(self) -> bool:
@@ -111,6 +113,7 @@ class JointStep:
             raise
         if all(a.meta.kind == FrameKind.GRADIENTS for a in answers.values()):
             self.done += 1
+            self.served.append(next(iter(answers.values())).meta.step)
         self._answers.update(answers)
         self._cond.notify_all()
 

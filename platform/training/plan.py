@@ -18,8 +18,9 @@ from training.models import Aggregation, Job, Turn
 @dataclass(frozen=True)
 class TurnStart:
     """Where one turn starts: ``kind``, and the completed turns it starts from (none for
-    :attr:`StartFrom.INITIAL`, one for :attr:`StartFrom.PREVIOUS`, the last group's for
-    :attr:`StartFrom.AGGREGATE`), in position order.
+    :attr:`StartFrom.INITIAL`, one for :attr:`StartFrom.PREVIOUS`, the hospital's own last
+    for :attr:`StartFrom.OWN`, the last group's for :attr:`StartFrom.AGGREGATE`), in
+    position order.
 
     In a mode that aggregates securely, ``aggregation`` is the last group's aggregation
     that is done, and the sources are only its participants' turns (a hospital it left out
@@ -83,6 +84,9 @@ def turn_start(*, turn: Turn, completed: Sequence[Turn] | None = None) -> TurnSt
         return TurnStart(kind, ())
     if kind == StartFrom.PREVIOUS:
         return TurnStart(kind, (before[-1],))
+    if kind == StartFrom.OWN:
+        own = [t for t in before if t.hospital_id == turn.hospital_id]
+        return TurnStart(kind, tuple(own[-1:]))
     last = (before[-1].round.index, before[-1].group)
     group = tuple(t for t in before if (t.round.index, t.group) == last)
     return _secured(mode, turn.job_id, kind, group)
@@ -108,6 +112,10 @@ def job_result(*, job: Job, completed: Sequence[Turn] | None = None) -> TurnStar
     ended = sorted(completed, key=lambda t: (t.round.index, t.group, t.position))
     if not ended:
         return TurnStart(kind, ())
+    if kind == StartFrom.OWN:
+        # Each hospital keeps its own: the last round's turns, one per hospital.
+        last_round = ended[-1].round.index
+        return TurnStart(kind, tuple(t for t in ended if t.round.index == last_round))
     if kind != StartFrom.AGGREGATE:
         return TurnStart(kind, (ended[-1],))
     last = (ended[-1].round.index, ended[-1].group)
