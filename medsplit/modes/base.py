@@ -503,11 +503,12 @@ class SplitMode(ABC):
         return self.title
 
     def configurations(self) -> tuple[ModeConfiguration, ...]:
-        """The mode under every combination of its options' choices (all of them have
-        choices, and at most :data:`MAX_CONFIGURATIONS` combinations), in the options'
-        order; else none (a form then offers the mode with its defaults only)."""
-        options = self.options()
-        if not options or any(not o.choices for o in options):
+        """The mode under every combination of the choices of its options that have
+        choices (at most :data:`MAX_CONFIGURATIONS` combinations; the other options at
+        their defaults), in the options' order; else none (a form then offers the mode
+        with its defaults only)."""
+        options = tuple(o for o in self.options() if o.choices)
+        if not options:
             return ()
         combinations = list(itertools.product(*(o.choices for o in options)))
         if len(combinations) > MAX_CONFIGURATIONS:

@@ -88,6 +88,16 @@ LABELS_OPTION = ModeOption(
     choices=(Side.HOSPITAL.value, Side.SERVER.value),
 )
 
+MIN_RECORDS = ModeOption(
+    "min_records",
+    int,
+    100,
+    "the fewest records the parties must share for the job to start: aligning a "
+    "consortium on fewer could single out individual patients (at least 10)",
+)
+#: The smallest ``min_records`` a job may set.
+MIN_RECORDS_FLOOR = 10
+
 _VANILLA = VanillaMode()
 _USHAPED = UShapedMode()
 
@@ -143,6 +153,7 @@ class VerticalMode(SplitMode):
     Args:
         join: ``sum``, ``mean`` or ``concat`` (see :data:`JOIN`).
         labels: ``hospital`` (the label party holds the head) or ``server``.
+        min_records: the fewest shared records a job trains on (see :data:`MIN_RECORDS`).
 
     Raises:
         ConfigError: an unknown join or label placement.
@@ -161,12 +172,18 @@ class VerticalMode(SplitMode):
     hands_on = False
     runs_on_platform = False
 
-    def __init__(self, join: str = SUM, labels: str = Side.HOSPITAL.value) -> None:
-        for option, value in ((JOIN, join), (LABELS_OPTION, labels)):
+    def __init__(
+        self,
+        join: str = SUM,
+        labels: str = Side.HOSPITAL.value,
+        min_records: int = MIN_RECORDS.default,
+    ) -> None:
+        for option, value in ((JOIN, join), (LABELS_OPTION, labels), (MIN_RECORDS, min_records)):
             problem = option.problem(value)
             if problem is not None:
                 raise ConfigError(f"{NAME} mode: {problem}")
         self.join = join
+        self.min_records = min_records
         self.label_side = Side(labels)
         self._base: SplitMode = _USHAPED if self.label_side == Side.HOSPITAL else _VANILLA
         self.cuts = self._base.cuts  # type: ignore[misc]
@@ -175,7 +192,16 @@ class VerticalMode(SplitMode):
     # -- options -----------------------------------------------------------------------
 
     def options(self) -> tuple[ModeOption, ...]:
-        return (JOIN, LABELS_OPTION)
+        return (JOIN, LABELS_OPTION, MIN_RECORDS)
+
+    def check_options(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
+        filled = super().check_options(values)
+        if filled["min_records"] < MIN_RECORDS_FLOOR:
+            raise ConfigError(
+                f"{NAME} mode: min_records must be at least {MIN_RECORDS_FLOOR}, got "
+                f"{filled['min_records']}: so few shared records could single out patients"
+            )
+        return filled
 
     def configuration_title(self) -> str:
         where = "labels at home" if self.label_side == Side.HOSPITAL else "labels at the server"
@@ -183,9 +209,10 @@ class VerticalMode(SplitMode):
 
     def with_options(self, values: Mapping[str, Any]) -> VerticalMode:
         filled = self.check_options(values)
-        if (filled["join"], filled["labels"]) == (self.join, self.label_side.value):
+        mine = (self.join, self.label_side.value, self.min_records)
+        if (filled["join"], filled["labels"], filled["min_records"]) == mine:
             return self
-        return VerticalMode(filled["join"], filled["labels"])
+        return VerticalMode(filled["join"], filled["labels"], filled["min_records"])
 
     # -- parties and segments ----------------------------------------------------------
 

@@ -29,9 +29,6 @@ from medsplit.training.split_job import RoundReport
 from medsplit.training.vertical_model import VerticalModel, assemble, vertical_parties
 from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameSpec, decode_frame, encode_frame
 
-#: The smallest intersection a job trains on unless it says otherwise.
-DEFAULT_MINIMUM_RECORDS = 10
-
 
 @dataclass(frozen=True)
 class VerticalParty:
@@ -135,7 +132,8 @@ class VerticalJob:
         model: the vertical model, initialised as the job starts (not modified).
         config: the training settings; its mode is ``vertical`` (with its options).
         parties: every party's records, the label party among them with its labels.
-        minimum: the smallest intersection the job trains on.
+        minimum: the smallest intersection the job trains on (default: the mode's
+            ``min_records``).
         channel: the channel frames travel on (a fresh in-memory one by default).
         loss_fn: loss on (logits, labels); cross-entropy by default.
         num_classes: the classes labels fall in (default: 1 + the largest label).
@@ -151,7 +149,7 @@ class VerticalJob:
         config: TrainingConfig,
         parties: Sequence[VerticalParty],
         *,
-        minimum: int = DEFAULT_MINIMUM_RECORDS,
+        minimum: int | None = None,
         channel: Channel | None = None,
         loss_fn: LossFn | None = None,
         num_classes: int | None = None,
@@ -172,7 +170,11 @@ class VerticalJob:
         self.mode, self.config, self.model = mode, config, model
         self.data = {p.name: p for p in parties}
         self.alignment = align_parties(
-            parties, label_party=label, job=config.job, seed=config.seed, minimum=minimum
+            parties,
+            label_party=label,
+            job=config.job,
+            seed=config.seed,
+            minimum=mode.min_records if minimum is None else minimum,
         )
         self.rows = {
             p.name: torch.tensor(self.alignment.positions(p.identifiers, source=p.name))

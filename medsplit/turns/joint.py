@@ -53,7 +53,7 @@ class JointStep:
         self._cond = threading.Condition()
         self._frames: dict[str, Frame] = {}
         self._answers: dict[str, Frame] = {}
-        self._started = False
+        self._half = False  # a step's forward ran, its backward has not (labels at home)
         self._failed: str | None = None
         self.done = 0
         #: The steps applied, in order (every party's at once).
@@ -91,7 +91,6 @@ class JointStep:
                 if party in self._frames:
                     raise TurnFailed(f"{party} sent a second frame for one step")
                 self._frames[party] = frame
-                self._started = True
                 if set(self._frames) == set(self.server.parties):
                     frames, self._frames = self._frames, {}
                     self._run(party, lambda: self.server.forward(frames))
@@ -111,7 +110,8 @@ class JointStep:
             self._failed = f"{type(e).__name__}: {e}"
             self._cond.notify_all()
             raise
-        if all(a.meta.kind == FrameKind.GRADIENTS for a in answers.values()):
+        self._half = not all(a.meta.kind == FrameKind.GRADIENTS for a in answers.values())
+        if not self._half:
             self.done += 1
             self.served.append(next(iter(answers.values())).meta.step)
         self._answers.update(answers)
@@ -134,7 +134,10 @@ class JointStep:
     def restoring(self, position: int, start: int) -> Iterator[None]:
         with self._cond:
             self._check()
-            if self._started or start != 0:
+            # A party's first frame may already wait here: nothing ran on it yet, so a
+            # late party loading the round's start changes nothing. Once a step ran, it
+            # would take the top back for everybody.
+            if self.done or self._half or start != 0:
                 raise TurnFailed(
                     f"the party at position {position} would resume at step {start} after "
                     f"{self.done} joint step(s) of the round ran: the top segment cannot go "

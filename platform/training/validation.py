@@ -377,6 +377,13 @@ def _check_participants(
                 "start its agent so it can report the shape of its data",
             )
             ok = False
+    if mode is not None and mode.feature_sets and len(entries) < 2:
+        errors.add(
+            "participants",
+            f"{mode.name} mode needs two or more participants, each holding different "
+            "features of the same patients (the first one holds the labels)",
+        )
+        ok = False
     if mode is not None and not mode.feature_sets:
         for entry in entries:
             if entry.get("feature_set"):

@@ -260,6 +260,7 @@ def test_medsplit_verify_and_simulate_run_the_vertical_mode(capsys: pytest.Captu
     assert json.loads(capsys.readouterr().out)["exact"] is True
     args = ["simulate", "--mode", "vertical", "--hospitals", "2", "--rounds", "1"]
     args += ["--local-epochs", "1", "--samples", "64", "--batch-size", "16", "--json"]
+    args += ["--min-records", "10"]
     assert main(args) == 0
     rounds = json.loads(capsys.readouterr().out)
     assert rounds[0]["steps"] == (64 - 2 * 6) // 16

@@ -178,9 +178,13 @@ def _run_round(joint, config, model, alignment, data, states, top, top_state, ro
             role=functools.partial(party_role, model, config, party),
             batches=functools.partial(_batches, config, alignment, data[party], position=position),
         )
-        threads.append(threading.Thread(target=_keep, args=(outcomes, f"s-{party}", server.run)))
+        threads.append(
+            threading.Thread(target=_keep, args=(outcomes, f"s-{party}", server.run), daemon=True)
+        )
         client = clients[party]
-        threads.append(threading.Thread(target=_keep, args=(outcomes, f"c-{party}", client.run)))
+        threads.append(
+            threading.Thread(target=_keep, args=(outcomes, f"c-{party}", client.run), daemon=True)
+        )
     for thread in threads:
         thread.start()
     for thread in threads:
