@@ -791,9 +791,9 @@ def model_cut_table(
         except UnknownModelError as e:
             raise NotFound(str(e)) from None
     shape = tuple(input_shape)
-    # A factory's arguments by their digest: a key of bounded length whatever they are.
-    args = hashlib.sha256(model_args.encode()).hexdigest()[:32] if model_args else "-"
-    key = f"cut-table:{name}:{args}:{','.join(map(str, shape))}:{depth or 'default'}"
+    key = f"cut-table:{name}:{','.join(map(str, shape))}:{depth or 'default'}"
+    if model_args:  # by their digest: a key of bounded length whatever they are
+        key += f":args-{hashlib.sha256(model_args.encode()).hexdigest()[:32]}"
     cached = cache.get(key)
     if cached is None:
         # One trace at a time per process (_TRACE_LOCK); a request that cannot have it
