@@ -14,6 +14,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from audit.models import AuditEvent
 from kernel.errors import InvalidInput
 from medsplit.training.description import JobDescription
 from tests.model_modules import ARGS, listed, marked_module
@@ -129,6 +130,8 @@ def test_the_job_api_takes_and_shows_model_args(admin, job_data, coordinator_lis
         assert response.status_code == 201, response.content
         shown = admin.get(f"/api/jobs/{response.json()['id']}/").json()
     assert shown["model"] == FACTORY and shown["description"]["model_args"] == ARGS
+    created = AuditEvent.objects.get(action="job.created", job_id=shown["id"])
+    assert created.details["model"] == FACTORY and created.details["model_args"] == ARGS
     assert JobDescription.from_json(shown["description"]) == Job.objects.get().job_description()
     with coordinator_lists():
         response = admin.post("/api/jobs/", job_data(model=FACTORY, model_args=ARGS), "json")
