@@ -569,6 +569,12 @@ def _check_cuts(
                 f"{model.name} does not fit the participants' data shape {list(shape)}: {problem}",
             )
         return cuts
+    if shape is not None and is_factory_name(model.name):
+        # A registry model is built with num_classes; a factory's arguments decide it.
+        field, problem = _output_problem(model.name, model.args, tuple(shape), num_classes)
+        if problem is not None:
+            errors.add(field, problem)
+            return cuts
     valid = [row.name for row in rows]
     unknown = [cut for cut in cuts if cut not in valid]
     for cut in unknown:
@@ -679,6 +685,39 @@ def _cut_table_traced(
             return tuple(cut_table(model, torch.zeros(2, *shape), depth=depth)), None
     except (CutError, ConfigError) as e:
         return (), str(e)
+
+
+@lru_cache(maxsize=32)
+def _output_problem(
+    name: str, args: str, shape: tuple[int, ...], num_classes: int
+) -> tuple[str, str | None]:
+    """The field and the reason a factory's model does not end in ``num_classes`` logits
+    per sample at ``shape`` (every frame check and loss takes them so), or no reason."""
+    try:
+        with _TRACE_LOCK, torch.no_grad():
+            model = _model(name, args, len(shape) - 1, shape[0], num_classes)
+            training = model.training
+            model.eval()  # the cached model's batch-norm statistics stay as built
+            try:
+                out = model(torch.zeros(2, *shape))
+            finally:
+                model.train(training)
+    except ConfigError as e:
+        return "model", str(e)
+    except Exception as e:  # the factory's own forward: its error, told
+        return "model", f"{name} does not run on the participants' data shape: {e}"
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return "model", (
+            f"{name} gives {got} for a batch of 2, not logits [batch, num_classes]: a job's "
+            "model ends in one logit per class"
+        )
+    if out.shape[1] != num_classes:
+        return "num_classes", (
+            f"{name} with these model_args gives {out.shape[1]} logits per sample, so "
+            f"num_classes is {out.shape[1]}, not {num_classes}"
+        )
+    return "model", None
 
 
 @lru_cache(maxsize=32)

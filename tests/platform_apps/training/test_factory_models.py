@@ -58,6 +58,15 @@ def test_a_factory_in_a_listed_module_is_accepted_and_built_at_the_participants_
         assert "refuses the model arguments" in details["model"][0]
         details = refused(job_data(model=FACTORY, model_args={**ARGS, "in_channels": 3}))
         assert "does not fit the participants' data shape [1, 28, 28]" in details["model"][0]
+        # Its logits: as many per sample as the job's classes (a registry model is built
+        # with num_classes, a factory's arguments decide them).
+        details = refused(job_data(model=FACTORY, model_args={**ARGS, "num_classes": 3}))
+        assert list(details) == ["num_classes"]
+        assert "gives 3 logits per sample, so num_classes is 3, not 2" in details["num_classes"][0]
+    with coordinator_lists("torch.nn"):
+        conv = {"in_channels": 1, "out_channels": 2, "kernel_size": 3}
+        details = refused(job_data(model="torch.nn:Conv2d", model_args=conv, cuts=["x"]))
+        assert "gives [2, 2, 26, 26] for a batch of 2, not logits" in details["model"][0]
     assert spec.description.to_json()["model_args"] == ARGS
 
 
