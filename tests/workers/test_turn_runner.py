@@ -230,4 +230,10 @@ def test_a_job_naming_a_model_module_this_worker_does_not_list_fails_before_impo
     assert turn.status == Turn.Status.FAILED
     assert f"ModelModuleRefused: model module {marked.module!r}" in turn.failure_reason
     assert 'add it to MEDSPLIT["MODEL_MODULES"] (MEDSPLIT_MODEL_MODULES)' in turn.failure_reason
+    # The relay guard's sweep builds no such model either: the job's keys may hold only
+    # their own cost here, and the sweep goes on for the other jobs.
+    from workers.relay_watch import job_limits
+
+    with listed(["monai"], setting=MODEL_MODULES_SETTING):
+        assert job_limits(f"job-{job.pk}", turn.hospital.slug) is None
     assert not marked.imported()
