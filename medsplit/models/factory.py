@@ -26,7 +26,7 @@ _NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 #: Most bytes the JSON arguments of a factory may take.
 MAX_ARGS_BYTES = 4096
-#: Longest ``MODULE:FACTORY`` name (a job stores it, and so does every frame's party).
+#: Longest ``MODULE:FACTORY`` name (the job API and the job table take this many).
 MAX_NAME_CHARS = 200
 
 

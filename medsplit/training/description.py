@@ -31,7 +31,7 @@ from medsplit.wire.codecs import CODECS
 #: bumps it (and the coordinator's migration carries stored jobs over).
 FORMAT = 2
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
-#: 2 without ``model_args`` (its models are all the registry's).
+#: 2 without ``model_args`` (none: the registry models of its day take none).
 READS = (1, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
