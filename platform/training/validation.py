@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import threading
@@ -41,7 +42,12 @@ from medsplit.cutting.candidates import MAX_DEPTH
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
 from medsplit.errors import ConfigError, CutError, UnknownModelError
-from medsplit.models import is_factory_name, model_modules, parse_model_args
+from medsplit.models import (
+    is_factory_name,
+    model_modules,
+    parse_model_args,
+    require_model_module,
+)
 from medsplit.models.factory import (
     MAX_ARGS_BYTES,
     MAX_NAME_CHARS,
@@ -632,6 +638,9 @@ def _model(
         )
 
     try:
+        require_model_module(name)  # before anything of it is imported
+        # Imported outside the meta device, so that tensors its import makes are real.
+        importlib.import_module(factory_module(name))
         try:
             with torch.device("meta"):
                 sized = build()
@@ -651,6 +660,8 @@ def _model(
         raise ConfigError(str(e)) from e
     except ConfigError:
         raise
+    except ImportError as e:
+        raise ConfigError(f"cannot import model module {factory_module(name)!r}: {e}") from e
     except Exception as e:  # the factory's own code failed: its error, told
         raise ConfigError(f"{name} failed to build: {type(e).__name__}: {e}") from e
 

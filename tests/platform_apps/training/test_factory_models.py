@@ -6,6 +6,7 @@ the migration that carries stored descriptions to version 2."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,30 @@ def test_a_factory_too_large_for_the_coordinator_is_refused_unbuilt(
     with coordinator_lists("torch.nn"):
         details = refused(job_data(model="torch.nn:Linear", model_args=args))
     assert "has 10,000,100,000 parameters" in details["model"][0]
+
+
+def test_a_module_is_imported_before_the_factory_is_sized_on_the_meta_device(
+    job_data, coordinator_lists, tmp_path: Path, monkeypatch
+) -> None:
+    """A tensor the module makes as it is imported is a real one, not a meta tensor left
+    behind by the sizing (its model would then not run at the participants' shape)."""
+    (tmp_path / "scaled_models.py").write_text(
+        "import torch\n"
+        "from medsplit.models.small_cnn import small_cnn\n"
+        "SCALE = torch.full((1,), 0.5)\n\n\n"
+        "class Scaled(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.net = small_cnn(spatial_dims=2, in_channels=1, num_classes=2)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.net(x * SCALE)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "scaled_models", raising=False)
+    with coordinator_lists("scaled_models"):
+        spec = job_spec_validate(data=job_data(model="scaled_models:Scaled", cuts=["net.pool1"]))
+    assert spec.description.model == "scaled_models:Scaled"
+    assert not sys.modules["scaled_models"].SCALE.is_meta
 
 
 def test_the_training_app_lists_the_coordinators_model_modules(job_data, settings) -> None:
