@@ -35,6 +35,7 @@ from typing import Any
 from hospital_agent.data import DEFAULT_VAL_FRACTION, DataSource
 from hospital_agent.data.sources import KINDS
 from medsplit.errors import ConfigError
+from medsplit.models.factory import model_module_names
 
 ENV_PREFIX = "MEDSPLIT_AGENT_"
 DEVICES = ("cpu", "cuda")
@@ -137,6 +138,14 @@ class Key:
         return converted
 
 
+def _module_names_ok(text: str) -> bool:
+    try:
+        model_module_names(text)
+    except ConfigError:
+        return False
+    return True
+
+
 KEYS: tuple[Key, ...] = (
     Key("coordinator_url", str, None, "the coordinator's address",
         required=True, check=lambda url: url.startswith(("https://", "http://")),
@@ -163,6 +172,11 @@ KEYS: tuple[Key, ...] = (
     Key("extra_modes", str, None,
         "split-learning modes this agent runs beyond the built-in ones, "
         "package.module:ClassName separated by commas", metavar="MODULE:CLASS,..."),
+    Key("model_modules", str, None,
+        "modules whose MODULE:FACTORY models this agent builds for a job (a listed package "
+        "allows its modules), separated by commas; unset: only the registry's models",
+        check=_module_names_ok, must="be dotted module names separated by commas",
+        metavar="MODULE,..."),
     Key("data.kind", str, None, "where the images come from", choices=KINDS, required=True),
     Key("data.path", str, None, "medmnist: the .npz archive; folder: the folder of images",
         metavar="PATH"),
@@ -205,6 +219,7 @@ class AgentConfig:
     reply_timeout: float = _default("reply_timeout")
     deterministic: bool = _default("deterministic")
     extra_modes: str | None = _default("extra_modes")
+    model_modules: str | None = _default("model_modules")
     report_loss: bool = _default("report_loss")
 
 

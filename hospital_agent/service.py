@@ -28,9 +28,10 @@ from hospital_agent.data import DataProblem, check_data
 from hospital_agent.enrolment import enrol, move_to_identity_key
 from hospital_agent.identity import load_credentials, load_or_create_identity
 from hospital_agent.relay import HandoffMissing
-from hospital_agent.turns import ENDED, Assignment, TurnTaker
+from hospital_agent.turns import ENDED, MODEL_MODULES_SETTING, Assignment, TurnTaker
 from hospital_agent.witness import Mismatch, Witness
 from medsplit.errors import ConfigError, MedSplitError
+from medsplit.models import set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths
 from medsplit.protocol.keys import fingerprint, format_fingerprint
 
@@ -85,8 +86,10 @@ class Agent:
     def _run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         use_deterministic_kernels(self.config.deterministic)
-        # This agent's own configuration is the only place new mode code comes from.
+        # This agent's own configuration is the only place new mode or model code comes
+        # from (a factory model's module is imported only when listed here).
         load_extra_modes(mode_paths(self.config.extra_modes))
+        set_model_modules(self.config.model_modules, setting=MODEL_MODULES_SETTING)
         identity = load_or_create_identity(self.config.work_dir)
         credentials = load_credentials(self.config.work_dir) or enrol(
             self.config, identity, stopping=self.stopping

@@ -46,7 +46,8 @@ from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
-from medsplit.errors import ChannelError, ConfigError, SealError
+from medsplit.errors import ChannelError, ConfigError, SealError, UnknownModelError
+from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
@@ -63,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 #: Where this agent's configuration adds modes, for the message of an unknown one.
 EXTRA_MODES_SETTING = "the agent's extra_modes (MEDSPLIT_AGENT_EXTRA_MODES)"
+#: Where it lists the modules of the MODULE:FACTORY models it builds.
+MODEL_MODULES_SETTING = "the agent's model_modules (MEDSPLIT_AGENT_MODEL_MODULES)"
 
 #: The states of a job that has ended: its recipient key is no longer needed.
 ENDED = frozenset({"completed", "failed", "cancelled"})
@@ -195,10 +198,11 @@ class TurnTaker:
         """Take the running turn of ``assignment``; ``None`` if it could not start."""
         turn = assignment.raw["turn"]
         try:
-            # Before anything is built: only a mode this agent was configured with runs.
+            # Before anything is built: only a mode this agent was configured with runs,
+            # and only a factory model from a module it lists (nothing of it imported).
             require_mode(assignment.mode, setting=EXTRA_MODES_SETTING)
-            assignment.description()
-        except ConfigError as e:  # an unknown mode, a description it does not read
+            require_model_module(assignment.description().model)
+        except (ConfigError, UnknownModelError) as e:  # a mode, a module, a description
             logger.error("job %s: %s", assignment.job, e)
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
             return None

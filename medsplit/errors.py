@@ -17,6 +17,11 @@ class UnknownModelError(MedSplitError, LookupError):
     """A model name is not in the registry."""
 
 
+class ModelModuleRefused(UnknownModelError):
+    """A ``MODULE:FACTORY`` model whose module this party does not list: refused before
+    the module is imported (the message names the module and the setting that lists)."""
+
+
 class FrameError(MedSplitError, ValueError):
     """Bytes received from another party are not a valid frame (or not the expected one)."""
 

@@ -13,6 +13,7 @@ from hospitals.models import Hospital, RedisCredential
 from hospitals.relay_acl import relay_keys
 from hospitals.relay_services import relay_user_suspend
 from kernel.actors import Actor
+from medsplit.errors import ModelModuleRefused
 from medsplit.training.relay_limits import RelayLimits, relay_limits
 from medsplit.training.setup import cached_split
 from training.models import Job, JobParticipant, Turn
@@ -34,7 +35,15 @@ def job_limits(job_name: str, hospital: str) -> RelayLimits | None:
     if not JobParticipant.objects.filter(job_id=job_id, hospital__slug=hospital).exists():
         return None
     job = Job.objects.filter(pk=job_id).first()
-    return None if job is None else limits_of_job(job)
+    if job is None:
+        return None
+    try:
+        return limits_of_job(job)
+    except ModelModuleRefused as e:
+        # No turn of it runs on this worker, so its keys may hold nothing beyond their
+        # own cost; one job this worker may not build leaves the sweep to the others.
+        logger.warning("relay guard: job %s: %s", job_id, e)
+        return None
 
 
 def limits_of_job(job: Job) -> RelayLimits:

@@ -21,6 +21,7 @@ from kernel.actors import Actor
 from kernel.errors import Conflict
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import MedSplitError
+from medsplit.models import require_model_module
 from medsplit.modes import StartFrom, get_mode, require_mode
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties
@@ -79,8 +80,15 @@ class RunResult:
 
 
 def job_model(job: Job) -> JobModel:
-    """The job's model, from its stored description (``JobDescription.from_json``)."""
-    return job.job_description().job_model()
+    """The job's model, from its stored description (``JobDescription.from_json``).
+
+    Raises:
+        ModelModuleRefused: a ``MODULE:FACTORY`` model whose module this worker does not
+            list in ``MEDSPLIT["MODEL_MODULES"]``; nothing of it was imported.
+    """
+    model = job.job_description().job_model()
+    require_model_module(model.name)  # JobModel.build checks too; this says so first
+    return model
 
 
 def reported_limits(job: Job, config: TrainingConfig, hospital: Hospital) -> FrameLimits:

@@ -11,13 +11,15 @@ participants, their data, the cut table).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from medsplit.errors import ConfigError, UnknownModeError, UnknownModelError
-from medsplit.models import get_model_spec
+from medsplit.models import get_model_spec, is_factory_name
+from medsplit.models.factory import canonical_model_args, factory_module
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
@@ -27,7 +29,10 @@ from medsplit.wire.codecs import CODECS
 #: The version of the JSON form this code writes and reads. A party refuses any other
 #: one rather than guess at it; a change of meaning, a field added or one taken away
 #: bumps it (and the coordinator's migration carries stored jobs over).
-FORMAT = 1
+FORMAT = 2
+#: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
+#: 2 without ``model_args`` (none: the registry models of its day take none).
+READS = (1, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
 MAX_SEED = 2**31 - 1
@@ -51,7 +56,11 @@ class JobDescription:
     """What a job trains and how.
 
     Attributes:
-        model: a registry model's name (:mod:`medsplit.models`).
+        model: a registry model's name (:mod:`medsplit.models`), or ``MODULE:FACTORY``
+            (:mod:`medsplit.models.factory`; each party builds it only when it lists the
+            module).
+        model_args: a ``MODULE:FACTORY`` model's keyword arguments, a JSON object of at
+            most :data:`~medsplit.models.factory.MAX_ARGS_BYTES`; none for a registry one.
         spatial_dims: 2 or 3.
         in_channels: channels of an input.
         num_classes: classes the model tells apart, at least 2.
@@ -80,6 +89,7 @@ class JobDescription:
     num_classes: int
     input_shape: tuple[int, ...]
     cuts: tuple[str, ...]
+    model_args: Mapping[str, Any] = field(default_factory=dict)
     mode: str = DEFAULT_MODE
     mode_options: Mapping[str, Any] = field(default_factory=dict)
     client_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -108,6 +118,7 @@ class JobDescription:
         return {
             "version": self.version,
             "model": self.model,
+            "model_args": dict(self.model_args),
             "spatial_dims": self.spatial_dims,
             "in_channels": self.in_channels,
             "num_classes": self.num_classes,
@@ -128,7 +139,8 @@ class JobDescription:
     @classmethod
     def from_json(cls, data: object) -> JobDescription:
         """A description from its JSON form, strictly: ``version`` and the model's fields
-        and ``cuts`` are required, the others default; no other key is accepted.
+        and ``cuts`` are required, the others default; no other key is accepted. A version
+        of :data:`READS` older than :data:`FORMAT` is read as this one.
 
         Raises:
             JobDescriptionError: another version (nothing else is looked at then), an
@@ -140,6 +152,7 @@ class JobDescription:
             raise JobDescriptionError(problems)
         assert isinstance(data, Mapping)
         values = _parse(data, {})
+        values["version"] = FORMAT
         return cls(**values)
 
     @classmethod
@@ -153,23 +166,26 @@ class JobDescription:
             return {"non_field_errors": [f"a job description is a JSON object, not {data!r}"]}
         problems: dict[str, list[str]] = {}
         version = data.get("version", FORMAT if partial else None)
-        if not _is_int(version) or version != FORMAT:  # 1.0 and True equal 1, and are not it
+        if not _is_int(version) or version not in READS:  # 1.0 and True equal 1, are not it
             if "version" not in data:
                 reason = f"required: the JSON form's version ({FORMAT} here)"
             else:
+                reads = ", ".join(map(str, READS))
                 reason = (
-                    f"version {version!r} is not one this party reads (it reads {FORMAT}); "
+                    f"version {version!r} is not one this party reads (it reads {reads}); "
                     "update the older of the two parties"
                 )
             return {"version": [reason]}
+        known = _FIELDS if version == FORMAT else _FIELDS_1
         for key in data:
-            if key not in _FIELDS:
-                _add(problems, str(key), f"unknown field; known fields: {', '.join(_FIELDS)}")
+            if key not in known:
+                _add(problems, str(key), f"unknown field; known fields: {', '.join(known)}")
         if not partial:
             for name in _REQUIRED:
                 if name not in data:
                     _add(problems, name, "required")
         values = _parse(data, problems)
+        values.pop("version", None)  # one of READS, read as FORMAT
         _check(values, problems, partial=partial)
         return problems
 
@@ -189,6 +205,7 @@ class JobDescription:
             num_classes=self.num_classes,
             input_shape=self.input_shape,
             seed=self.seed,
+            model_args=canonical_model_args(self.model_args) if self.model_args else "",
         )
 
     def training_config(self, job: str) -> TrainingConfig:
@@ -214,6 +231,7 @@ class JobDescription:
 _FIELDS = (
     "version",
     "model",
+    "model_args",
     "spatial_dims",
     "in_channels",
     "num_classes",
@@ -230,6 +248,8 @@ _FIELDS = (
     "codec",
     "seed",
 )
+#: The fields of version 1.
+_FIELDS_1 = tuple(name for name in _FIELDS if name != "model_args")
 _REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
 #: The integer fields and their least value.
 _AT_LEAST = {
@@ -271,7 +291,7 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
         elif name == "cuts":
             ok = isinstance(value, list | tuple) and all(isinstance(c, str) for c in value)
             value = tuple(value) if ok else value
-        elif name == "mode_options":
+        elif name in ("mode_options", "model_args"):
             ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
         else:  # the optimizers
             try:
@@ -315,9 +335,14 @@ def _check(
             _add(problems, "max_steps_per_turn", f"must be >= 1 or null, got {steps!r}")
     if present("model"):
         try:
-            normal["model"] = get_model_spec(values["model"]).name
+            if is_factory_name(values["model"]):
+                factory_module(values["model"])  # the form only: each party has its list
+                normal["model"] = values["model"]
+            else:
+                normal["model"] = get_model_spec(values["model"]).name
         except UnknownModelError as e:
             _add(problems, "model", str(e))
+    _check_model_args(values, problems, normal, present)
     if present("codec") and values["codec"] not in CODECS:
         _add(
             problems,
@@ -336,6 +361,28 @@ def _check(
             mode = mode.with_options(normal["mode_options"])
         _check_cuts(mode, values, problems, normal, present)
     return normal
+
+
+def _check_model_args(values, problems, normal, present) -> None:
+    """A factory's arguments: a bounded JSON object, for a ``MODULE:FACTORY`` model only."""
+    if not present("model_args"):
+        return
+    try:
+        text = canonical_model_args(values["model_args"])
+    except ConfigError as e:
+        _add(problems, "model_args", str(e))
+        return
+    model = values.get("model")
+    registry = isinstance(model, str) and "model" not in problems and not is_factory_name(model)
+    if text != "{}" and registry:
+        _add(
+            problems,
+            "model_args",
+            f"{model} is a registry model: it takes no model_args (they are the keyword "
+            "arguments of a MODULE:FACTORY model)",
+        )
+        return
+    normal["model_args"] = MappingProxyType(json.loads(text))  # a copy no caller holds
 
 
 def _check_shape(values, problems, normal, present) -> None:

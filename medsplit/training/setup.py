@@ -1,27 +1,33 @@
 """What the server and every hospital build from a job's description, identically.
 
-Both sides build the registry model from the job's seed, cut it where the job says and
-wrap their segments in parties; so the server's and the hospitals' starting weights are
-the two halves of one model, without any weights crossing.
+Both sides build the job's model from its seed, cut it where the job says and wrap their
+segments in parties; so the server's and the hospitals' starting weights are the two
+halves of one model, without any weights crossing. A ``MODULE:FACTORY`` model is built
+only when its module is in this process's list (:func:`medsplit.models.set_model_modules`),
+checked before the module is imported.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass
 
 import torch
 
 from medsplit.cutting import SplitModel, split_model
-from medsplit.models import build_model
+from medsplit.models import build_model, is_factory_name, model_modules
+from medsplit.models.factory import build_factory_model
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
 
 
 @dataclass(frozen=True)
 class JobModel:
-    """The model of a job: registry name, shape of its inputs, classes and seed."""
+    """The model of a job: its name (a registry model's or ``MODULE:FACTORY``), the shape
+    of its inputs, classes and seed; ``model_args``: a factory's keyword arguments as
+    canonical JSON (text, so that the model is a cache key)."""
 
     name: str
     spatial_dims: int
@@ -29,8 +35,24 @@ class JobModel:
     num_classes: int
     input_shape: tuple[int, ...]
     seed: int
+    model_args: str = ""
 
     def build(self) -> torch.nn.Module:
+        """The model with its initial weights.
+
+        Raises:
+            ModelModuleRefused: a factory whose module this process does not list
+                (nothing imported); the message names the module and the setting.
+        """
+        if is_factory_name(self.name):
+            allowed = model_modules()
+            return build_factory_model(
+                self.name,
+                json.loads(self.model_args or "{}"),
+                allowed_modules=allowed.modules,
+                setting=allowed.setting,
+                seed=self.seed,
+            )
         return build_model(
             self.name,
             spatial_dims=self.spatial_dims,

@@ -300,6 +300,13 @@ MEDSPLIT = {
     "EXTRA_MODES": [
         p.strip() for p in os.environ.get("MEDSPLIT_EXTRA_MODES", "").split(",") if p.strip()
     ],
+    # Modules whose factories a job may name as its model ("MODULE:FACTORY" with
+    # model_args), module names separated by commas, in the coordinator and in every
+    # worker; each agent lists its own too. Unset: only the registry's models. Naming a
+    # factory runs its module's code on every party (docs/security.md).
+    "MODEL_MODULES": [
+        m.strip() for m in os.environ.get("MEDSPLIT_MODEL_MODULES", "").split(",") if m.strip()
+    ],
 }
 
 # Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task

@@ -34,7 +34,7 @@ class Job(models.Model):
     description = models.JSONField()
     # Copied from the description when the job is created, for the queries that filter,
     # list or schedule on them; nothing else reads them.
-    model_name = models.CharField(max_length=64, db_index=True)
+    model_name = models.CharField(max_length=200, db_index=True)
     mode = models.CharField(max_length=16, default=DEFAULT_MODE)
     rounds = models.PositiveIntegerField(default=1)
     on_failure = models.CharField(max_length=8, choices=OnFailure.choices, default=OnFailure.RETRY)

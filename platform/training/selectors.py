@@ -23,6 +23,7 @@ from kernel.permissions import (
     sees_participant_in_full,
 )
 from medsplit.errors import UnknownModelError
+from medsplit.models import is_factory_name
 from medsplit.models.registry import get_model_spec, model_names
 from medsplit.modes import MODES
 from medsplit.protocol.optim import describe_optimizers
@@ -30,7 +31,12 @@ from medsplit.training.schedule import turn_length
 from medsplit.wire.codecs import describe_codecs
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
-from training.validation import model_cut_table, parse_depth, parse_input_shape
+from training.validation import (
+    model_cut_table,
+    parse_depth,
+    parse_factory_args,
+    parse_input_shape,
+)
 
 
 def _sees_all(actor: Actor) -> bool:
@@ -402,21 +408,46 @@ def registry_optimizers(*, actor: Actor) -> dict[str, Any]:
 
 
 def registry_model_cuts(
-    *, actor: Actor, model_name: str, input_shape: str | None, depth: str | None = None
+    *,
+    actor: Actor,
+    model_name: str,
+    input_shape: str | None,
+    depth: str | None = None,
+    model_args: str | None = None,
 ) -> dict[str, Any]:
-    """The cut table of a registry model at ``input_shape`` (``"1,28,28"``; default: the
-    model's own default input shape), ``depth`` names deep (default: down to where the
-    tensors that cross change).
+    """The cut table of a model at ``input_shape`` (``"1,28,28"``; default: a registry
+    model's own default input shape; a factory has none), ``depth`` names deep (default:
+    down to where the tensors that cross change). A ``MODULE:FACTORY`` model takes
+    ``model_args`` (JSON) and is worked out only when ``MEDSPLIT["MODEL_MODULES"]`` lists
+    its module.
 
     Raises:
-        NotFound: no such model.
-        InvalidInput: the shape is malformed, or the model does not run on it.
+        NotFound: no such registry model.
+        InvalidInput: the shape or the arguments are malformed, a factory is not listed
+            or has no shape given, or the model does not run on the shape.
     """
     _require_reader(actor)
-    try:
-        spec = get_model_spec(model_name)
-    except UnknownModelError as e:
-        raise NotFound(str(e)) from None
-    shape = spec.default_input_shape if input_shape is None else parse_input_shape(input_shape)
-    rows = model_cut_table(model_name=spec.name, input_shape=tuple(shape), depth=parse_depth(depth))
-    return {"model": spec.name, "input_shape": list(shape), "cuts": rows}
+    args = parse_factory_args(model_args)
+    if is_factory_name(model_name):
+        if input_shape is None:
+            raise InvalidInput(
+                "a MODULE:FACTORY model has no default input shape",
+                details={"input_shape": ["required for a MODULE:FACTORY model"]},
+            )
+        name, shape = model_name, parse_input_shape(input_shape)
+    else:
+        try:
+            spec = get_model_spec(model_name)
+        except UnknownModelError as e:
+            raise NotFound(str(e)) from None
+        if args:
+            raise InvalidInput(
+                "a registry model takes no model_args",
+                details={"model_args": [f"{spec.name} is a registry model: it takes none"]},
+            )
+        name = spec.name
+        shape = spec.default_input_shape if input_shape is None else parse_input_shape(input_shape)
+    rows = model_cut_table(
+        model_name=name, input_shape=tuple(shape), depth=parse_depth(depth), model_args=args
+    )
+    return {"model": name, "input_shape": list(shape), "cuts": rows}

@@ -111,6 +111,8 @@ def job_create(*, actor: Actor, data: Mapping[str, Any]) -> Job:
             job,
             details={
                 "model": described.model,
+                # Naming a factory runs its code on every party: who asked with what.
+                **({"model_args": dict(described.model_args)} if described.model_args else {}),
                 "mode": described.mode,
                 "cuts": list(described.cuts),
                 "rounds": described.rounds,

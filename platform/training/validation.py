@@ -20,6 +20,9 @@ process shares.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
+import json
 import math
 import threading
 from collections.abc import Mapping
@@ -39,13 +42,31 @@ from medsplit.cutting.candidates import MAX_DEPTH
 from medsplit.cutting.split import split_model
 from medsplit.cutting.table import CutInfo, cut_table
 from medsplit.errors import ConfigError, CutError, UnknownModelError
-from medsplit.models.registry import ModelSpec, build_model, get_model_spec
+from medsplit.models import (
+    is_factory_name,
+    model_modules,
+    parse_model_args,
+    require_model_module,
+)
+from medsplit.models.factory import (
+    MAX_ARGS_BYTES,
+    MAX_NAME_CHARS,
+    build_factory_model,
+    canonical_model_args,
+    factory_module,
+    module_allowed,
+)
+from medsplit.models.registry import build_model, get_model_spec
 from medsplit.modes import MODES, SplitMode
 from medsplit.training.description import FORMAT, MAX_SEED, JobDescription
+from training.apps import MODEL_MODULES_SETTING
 from training.models import OnFailure
 
 #: Largest input one sample may have when the coordinator traces a model for it.
 MAX_INPUT_VALUES = 2**21
+#: Most parameters a ``MODULE:FACTORY`` model may have for the coordinator to build it
+#: (1 GiB of float32; the largest registry model, DenseNet121, has 7 million).
+MAX_FACTORY_PARAMETERS = 2**28
 MAX_PARTICIPANTS = 64
 
 #: Bounds of the input shapes ``GET /api/models/{name}/cuts/`` traces a model at: any
@@ -90,7 +111,18 @@ class JobInput(serializers.Serializer):
     """What ``POST /api/jobs/`` takes. Optional parameters default as shown."""
 
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    model = serializers.CharField(max_length=64, help_text="a name from GET /api/models/")
+    model = serializers.CharField(
+        max_length=MAX_NAME_CHARS,
+        help_text="a name from GET /api/models/, or MODULE:FACTORY for a factory in a module "
+        "the coordinator lists in MEDSPLIT_MODEL_MODULES (and every participant's agent in "
+        "its model_modules), with model_args",
+    )
+    model_args = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="a MODULE:FACTORY model's keyword arguments, a JSON object of at most "
+        f"{MAX_ARGS_BYTES} bytes; none for a registry model",
+    )
     spatial_dims = serializers.IntegerField(
         min_value=2,
         max_value=3,
@@ -205,6 +237,7 @@ class _Errors:
 #: The request's fields that are the description's too, by the same name.
 _DESCRIBED = (
     "model",
+    "model_args",
     "num_classes",
     "mode",
     "mode_options",
@@ -281,8 +314,8 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
     for field, reasons in JobDescription.problems(described, partial=True).items():
         for reason in reasons:
             errors.add(field, reason)
-    spec = None if "model" in errors or "model" not in values else get_model_spec(values["model"])
-    _check_cuts(values, spec, shape, spatial_dims, in_channels, errors)
+    model = _model_ref(values, errors)
+    _check_cuts(values, model, shape, spatial_dims, in_channels, errors)
 
     if errors.by_field:
         fields_named = ", ".join(sorted(errors.by_field))
@@ -480,9 +513,44 @@ def _check_labels(
         )
 
 
+@dataclass(frozen=True)
+class _ModelRef:
+    """The job's model as the caches key it: its name, a factory's arguments as canonical
+    JSON (``""`` for a registry model), and the shape its cuts are checked at while the
+    participants give none (``None`` for a factory: it has no default)."""
+
+    name: str
+    args: str
+    default_shape: tuple[int, ...] | None
+
+
+def _model_ref(values: dict[str, Any], errors: _Errors) -> _ModelRef | None:
+    """The job's model, once its name and arguments are valid and, for a ``MODULE:FACTORY``
+    model, its module is in ``MEDSPLIT["MODEL_MODULES"]``."""
+    if "model" in errors or "model" not in values or "model_args" in errors:
+        return None
+    name = values["model"]
+    if not is_factory_name(name):
+        spec = get_model_spec(name)
+        return _ModelRef(spec.name, "", spec.default_input_shape)
+    module = factory_module(name)
+    listed = model_modules()
+    if not module_allowed(module, listed.modules):
+        errors.add(
+            "model",
+            f"model module {module!r} is not one the coordinator lists in "
+            f"{MODEL_MODULES_SETTING} ({', '.join(listed.modules) or 'none listed'}): a "
+            "factory's module runs code on the coordinator, the workers and every "
+            "participant, so each lists those it trusts (each participant's agent in its "
+            "model_modules too)",
+        )
+        return None
+    return _ModelRef(name, canonical_model_args(values.get("model_args") or {}), None)
+
+
 def _check_cuts(
     values: dict[str, Any],
-    spec: ModelSpec | None,
+    model: _ModelRef | None,
     shape: tuple[int, ...] | None,
     spatial_dims: int | None,
     in_channels: int | None,
@@ -493,31 +561,42 @@ def _check_cuts(
     if "cuts" not in values:
         return ()
     cuts = tuple(values["cuts"])
-    if spec is None or "num_classes" not in values or "spatial_dims" in errors:
+    if model is None or "num_classes" not in values or "spatial_dims" in errors:
         return cuts
     num_classes = values["num_classes"]
     # Cut names are checked at the participants' shape, or at the model's default one
-    # while the participants give none, so an unknown cut is reported either way.
-    table_shape = shape or spec.default_input_shape
+    # while the participants give none, so an unknown cut is reported either way (a
+    # factory has no default: its cuts wait for the participants).
+    table_shape = shape or model.default_shape
+    if table_shape is None:
+        return cuts
     table_dims = spatial_dims if shape is not None else len(table_shape) - 1
     table_channels = (in_channels if shape is not None else None) or table_shape[0]
     rows, problem = _cut_table_cached(
-        spec.name, table_dims, table_channels, num_classes, tuple(table_shape)
+        model.name, model.args, table_dims, table_channels, num_classes, tuple(table_shape)
     )
     if problem is not None:
         if shape is not None:
             errors.add(
                 "model",
-                f"{spec.name} does not fit the participants' data shape {list(shape)}: {problem}",
+                f"{model.name} does not fit the participants' data shape {list(shape)}: {problem}",
             )
         return cuts
+    if shape is not None and is_factory_name(model.name):
+        # A registry model is built with num_classes; a factory's arguments decide it.
+        field, problem = _output_problem(model.name, model.args, tuple(shape), num_classes)
+        if problem is not None:
+            errors.add(field, problem)
+            return cuts
     valid = [row.name for row in rows]
     unknown = [cut for cut in cuts if cut not in valid]
     for cut in unknown:
-        errors.add("cuts", f"unknown cut {cut!r} for {spec.name}; valid cuts: {', '.join(valid)}")
+        errors.add("cuts", f"unknown cut {cut!r} for {model.name}; valid cuts: {', '.join(valid)}")
     if unknown or shape is None or "cuts" in errors or "in_channels" in errors:
         return cuts
-    problem = _split_error(spec.name, spatial_dims, in_channels, num_classes, shape, cuts)
+    problem = _split_error(
+        model.name, model.args, spatial_dims, in_channels, num_classes, shape, cuts
+    )
     if problem is not None:
         errors.add("cuts", problem)
     return cuts
@@ -533,24 +612,84 @@ _TRACE_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=4)
-def _model(name: str, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
-    """A built model, shared by the caches below: only ever traced, never trained."""
-    return build_model(
-        name, spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes, seed=0
-    )
+def _model(
+    name: str, args: str, spatial_dims: int, in_channels: int, num_classes: int
+) -> nn.Module:
+    """A built model, shared by the caches below: only ever traced, never trained.
+
+    A factory is sized on the meta device first (no memory), so that its arguments
+    cannot make the coordinator allocate more than :data:`MAX_FACTORY_PARAMETERS`.
+
+    Raises:
+        ConfigError: a factory whose module is not listed, that cannot be imported, that
+            refuses its arguments or fails, or that is too large.
+    """
+    if not is_factory_name(name):
+        return build_model(
+            name,
+            spatial_dims=spatial_dims,
+            in_channels=in_channels,
+            num_classes=num_classes,
+            seed=0,
+        )
+    listed = model_modules()
+    model_args = json.loads(args or "{}")
+
+    def build(**kwargs: Any) -> nn.Module:
+        return build_factory_model(
+            name,
+            model_args,
+            allowed_modules=listed.modules,
+            setting=listed.setting,
+            **kwargs,
+        )
+
+    try:
+        require_model_module(name)  # before anything of it is imported
+        # Imported outside the meta device, so that tensors its import makes are real.
+        importlib.import_module(factory_module(name))
+        try:
+            with torch.device("meta"):
+                sized = build()
+        except (UnknownModelError, ConfigError):
+            raise
+        except Exception:  # code that meta tensors cannot run: sized once built instead
+            sized = None
+        if sized is not None:
+            count = sum(p.numel() for p in sized.parameters())
+            if count > MAX_FACTORY_PARAMETERS:
+                raise ConfigError(
+                    f"{name} with these model_args has {count:,} parameters; the "
+                    f"coordinator builds models of at most {MAX_FACTORY_PARAMETERS:,}"
+                )
+        return build(seed=0)
+    except UnknownModelError as e:
+        raise ConfigError(str(e)) from e
+    except ConfigError:
+        raise
+    except ImportError as e:
+        raise ConfigError(f"cannot import model module {factory_module(name)!r}: {e}") from e
+    except Exception as e:  # the factory's own code failed: its error, told
+        raise ConfigError(f"{name} failed to build: {type(e).__name__}: {e}") from e
 
 
 @lru_cache(maxsize=32)
 def _cut_table_cached(
-    name: str, spatial_dims: int, in_channels: int, num_classes: int, shape: tuple[int, ...]
+    name: str,
+    args: str,
+    spatial_dims: int,
+    in_channels: int,
+    num_classes: int,
+    shape: tuple[int, ...],
 ) -> tuple[tuple[CutInfo, ...], str | None]:
     """The cut table at ``shape``, or the reason the model does not run on it."""
     with _TRACE_LOCK:
-        return _cut_table_traced(name, spatial_dims, in_channels, num_classes, shape)
+        return _cut_table_traced(name, args, spatial_dims, in_channels, num_classes, shape)
 
 
 def _cut_table_traced(
     name: str,
+    args: str,
     spatial_dims: int,
     in_channels: int,
     num_classes: int,
@@ -560,15 +699,49 @@ def _cut_table_traced(
     """:func:`_cut_table_cached`'s work, with ``_TRACE_LOCK`` held by the caller."""
     try:
         with torch.no_grad():
-            model = _model(name, spatial_dims, in_channels, num_classes)
+            model = _model(name, args, spatial_dims, in_channels, num_classes)
             return tuple(cut_table(model, torch.zeros(2, *shape), depth=depth)), None
     except (CutError, ConfigError) as e:
         return (), str(e)
 
 
 @lru_cache(maxsize=32)
+def _output_problem(
+    name: str, args: str, shape: tuple[int, ...], num_classes: int
+) -> tuple[str, str | None]:
+    """The field and the reason a factory's model does not end in ``num_classes`` logits
+    per sample at ``shape`` (every frame check and loss takes them so), or no reason."""
+    try:
+        with _TRACE_LOCK, torch.no_grad():
+            model = _model(name, args, len(shape) - 1, shape[0], num_classes)
+            training = model.training
+            model.eval()  # the cached model's batch-norm statistics stay as built
+            try:
+                out = model(torch.zeros(2, *shape))
+            finally:
+                model.train(training)
+    except ConfigError as e:
+        return "model", str(e)
+    except Exception as e:  # the factory's own forward: its error, told
+        return "model", f"{name} does not run on the participants' data shape: {e}"
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return "model", (
+            f"{name} gives {got} for a batch of 2, not logits [batch, num_classes]: a job's "
+            "model ends in one logit per class"
+        )
+    if out.shape[1] != num_classes:
+        return "num_classes", (
+            f"{name} with these model_args gives {out.shape[1]} logits per sample, so "
+            f"num_classes is {out.shape[1]}, not {num_classes}"
+        )
+    return "model", None
+
+
+@lru_cache(maxsize=32)
 def _split_error(
     name: str,
+    args: str,
     spatial_dims: int,
     in_channels: int,
     num_classes: int,
@@ -578,7 +751,7 @@ def _split_error(
     """Why ``split_model`` refuses these cuts at ``shape``, or ``None`` when it accepts."""
     try:
         with _TRACE_LOCK:
-            model = _model(name, spatial_dims, in_channels, num_classes)
+            model = _model(name, args, spatial_dims, in_channels, num_classes)
             split_model(model, torch.zeros(2, *shape), cuts)
     except (CutError, ConfigError) as e:
         return str(e)
@@ -648,24 +821,36 @@ def parse_depth(raw: str | None) -> int | None:
 
 
 def model_cut_table(
-    *, model_name: str, input_shape: tuple[int, ...], depth: int | None = None
+    *,
+    model_name: str,
+    input_shape: tuple[int, ...],
+    depth: int | None = None,
+    model_args: str = "",
 ) -> list[dict[str, Any]]:
-    """The cut table of a registry model at ``input_shape`` (``depth``: its rows that
-    many names deep; default: :func:`~medsplit.cutting.cut_table`'s) as JSON rows, from
-    the cache every process shares when any process worked it out before.
+    """The cut table of a model at ``input_shape`` (``depth``: its rows that many names
+    deep; default: :func:`~medsplit.cutting.cut_table`'s) as JSON rows, from the cache
+    every process shares when any process worked it out before. A ``MODULE:FACTORY``
+    model (``model_args``: canonical JSON, :func:`parse_factory_args`) is worked out only
+    when its module is in ``MEDSPLIT["MODEL_MODULES"]``.
 
     Raises:
-        NotFound: no such model.
-        InvalidInput: the model does not run on inputs of that shape.
+        NotFound: no such model in the registry.
+        InvalidInput: the model does not run on inputs of that shape, or is a factory
+            this coordinator does not list or cannot build with these arguments.
         TooManyRequests: this process is working out another cut table and did not
             finish within :data:`CUT_TABLE_WAIT_SECONDS`.
     """
-    try:
-        spec = get_model_spec(model_name)
-    except UnknownModelError as e:
-        raise NotFound(str(e)) from None
+    if is_factory_name(model_name):
+        name = _listed_factory(model_name)
+    else:
+        try:
+            name = get_model_spec(model_name).name
+        except UnknownModelError as e:
+            raise NotFound(str(e)) from None
     shape = tuple(input_shape)
-    key = f"cut-table:{spec.name}:{','.join(map(str, shape))}:{depth or 'default'}"
+    key = f"cut-table:{name}:{','.join(map(str, shape))}:{depth or 'default'}"
+    if model_args:  # by their digest: a key of bounded length whatever they are
+        key += f":args-{hashlib.sha256(model_args.encode()).hexdigest()[:32]}"
     cached = cache.get(key)
     if cached is None:
         # One trace at a time per process (_TRACE_LOCK); a request that cannot have it
@@ -676,17 +861,55 @@ def model_cut_table(
                 retry_after=5,
             )
         try:
-            rows, problem = _cut_table_traced(spec.name, len(shape) - 1, shape[0], 2, shape, depth)
+            rows, problem = _cut_table_traced(
+                name, model_args, len(shape) - 1, shape[0], 2, shape, depth
+            )
         finally:
             _TRACE_LOCK.release()
         cached = {"rows": [row.to_json() for row in rows], "problem": problem}
         cache.set(key, cached, timeout=CUT_TABLE_CACHE_SECONDS)
     if cached["problem"] is not None:
+        field = "model_args" if model_args else "input_shape"
         raise InvalidInput(
-            f"{spec.name} does not run on inputs of shape {list(shape)}",
-            details={"input_shape": [cached["problem"]]},
+            f"{name} does not run on inputs of shape {list(shape)}",
+            details={field: [cached["problem"]]},
         )
     return cached["rows"]
+
+
+def _listed_factory(name: str) -> str:
+    """``name``, a ``MODULE:FACTORY`` model whose module the coordinator lists.
+
+    Raises:
+        InvalidInput: a malformed name, or a module not in ``MEDSPLIT["MODEL_MODULES"]``
+            (nothing imported).
+    """
+    try:
+        module = factory_module(name)
+    except UnknownModelError as e:
+        raise InvalidInput(str(e), details={"model": [str(e)]}) from None
+    listed = model_modules()
+    if not module_allowed(module, listed.modules):
+        reason = (
+            f"model module {module!r} is not one the coordinator lists in "
+            f"{MODEL_MODULES_SETTING} ({', '.join(listed.modules) or 'none listed'}); "
+            "its cut table is worked out only for the modules listed"
+        )
+        raise InvalidInput(reason, details={"model": [reason]})
+    return name
+
+
+def parse_factory_args(raw: str | None) -> str:
+    """A cut table's ``model_args`` query parameter as canonical JSON (``""``: none).
+
+    Raises:
+        InvalidInput: not a JSON object of at most ``MAX_ARGS_BYTES`` bytes.
+    """
+    try:
+        args = parse_model_args(raw)
+        return canonical_model_args(args) if args else ""
+    except ConfigError as e:
+        raise InvalidInput("model_args is not valid", details={"model_args": [str(e)]}) from None
 
 
 def _bound(mode: SplitMode, values: Mapping[str, Any]) -> SplitMode:

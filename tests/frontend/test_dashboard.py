@@ -257,6 +257,22 @@ def test_the_job_page_follows_a_running_job(
     assert AuditEvent.objects.filter(job_id=job.pk, action="job.paused").exists()
 
 
+def test_the_job_page_shows_a_factory_models_arguments(
+    open_page, consortium_admin, make_job
+) -> None:
+    from tests.model_modules import ARGS, listed
+    from training.apps import MODEL_MODULES_SETTING
+
+    with listed(["medsplit.models"], setting=MODEL_MODULES_SETTING):
+        job = make_job(model="medsplit.models.small_cnn:small_cnn", model_args=ARGS)
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto(f"/#/jobs/{job.pk}")
+    row = page.locator("tr", has_text="Model arguments")
+    expect(row).to_contain_text('"spatial_dims":2')
+    expect(page.locator("tr", has_text="Model").first).to_contain_text("small_cnn:small_cnn")
+
+
 def _done(job: Job) -> bool:
     job.refresh_from_db()
     assert job.state not in (JobState.FAILED, JobState.CANCELLED), job.state_reason

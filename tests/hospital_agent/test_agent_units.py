@@ -29,7 +29,7 @@ from hospital_agent.pins import PeerKeyRefused, Pins
 from hospital_agent.relay import HandoffMissing, Relay
 from hospital_agent.snapshots import FileSnapshots
 from hospital_agent.turns import Assignment
-from medsplit.errors import ConfigError, SealError
+from medsplit.errors import ConfigError, SealError, UnknownModelError
 from medsplit.protocol.keys import (
     RecipientKey,
     SignedRecipientKey,
@@ -327,12 +327,54 @@ def test_a_job_description_of_another_version_is_refused_saying_so() -> None:
 
     taker = object.__new__(TurnTaker)  # nothing else of it is reached
     taker.coordinator = Coordinator()
-    described = {"version": 2, "mode": "vanilla", "layers": 12}
+    described = {"version": 3, "mode": "vanilla", "layers": 12}
     assignment = Assignment({"job": 4, "description": described, "turn": {"id": 9, "round": 0}})
     assert taker.take(assignment) is None
     ((job, turn, reason),) = Coordinator.reasons
     assert (job, turn) == (4, 9)
-    assert "version: version 2 is not one this party reads (it reads 1)" in reason
+    assert "version: version 3 is not one this party reads (it reads 1, 2)" in reason
+
+
+def test_a_factory_model_from_a_module_this_agent_does_not_list_is_refused_before_import(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Only the modules of the agent's own model_modules are imported: a job naming a
+    factory in another one fails its turn, naming the module and the setting, and the
+    module was never imported (its marker file is not there)."""
+    from hospital_agent.turns import MODEL_MODULES_SETTING, TurnTaker
+    from medsplit.training.description import JobDescription
+    from tests.model_modules import ARGS, listed, marked_module
+
+    class Coordinator:
+        reasons: ClassVar[list[tuple[int, int, str]]] = []
+
+        def report_problem(self, *, job: int, turn: int, reason: str) -> dict:
+            self.reasons.append((job, turn, reason))
+            return {}
+
+    marked = marked_module(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    described = JobDescription(
+        model=marked.factory,
+        model_args=ARGS,
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=2,
+        input_shape=(1, 28, 28),
+        cuts=("pool1",),
+    ).to_json()
+    taker = object.__new__(TurnTaker)  # nothing else of it is reached
+    taker.coordinator = Coordinator()
+    assignment = Assignment({"job": 5, "description": described, "turn": {"id": 10, "round": 0}})
+    with listed(["monai", "lab.models"], setting=MODEL_MODULES_SETTING):
+        assert taker.take(assignment) is None
+        with pytest.raises(UnknownModelError, match=marked.module):
+            assignment.model().build()  # however it is reached, the build refuses too
+    ((job, turn, reason),) = Coordinator.reasons
+    assert (job, turn) == (5, 10)
+    assert f"model module {marked.module!r} is not allowed here" in reason
+    assert "add it to the agent's model_modules (MEDSPLIT_AGENT_MODEL_MODULES)" in reason
+    assert not marked.imported()
 
 
 def test_the_agent_builds_its_model_and_config_from_the_description() -> None:

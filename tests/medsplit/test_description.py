@@ -83,7 +83,7 @@ def test_the_json_form_round_trips_through_text() -> None:
     back = JobDescription.from_json(json.loads(text))
     assert back == description
     assert back.to_json() == description.to_json()
-    assert back.to_json()["version"] == FORMAT == 1
+    assert back.to_json()["version"] == FORMAT == 2
 
 
 def test_defaults_are_filled_in() -> None:
@@ -110,19 +110,30 @@ def test_it_gives_todays_training_config_and_model() -> None:
     assert description.split_mode is MODES["vanilla"]
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None, True, 1.0])
+@pytest.mark.parametrize("version", [0, 3, "1", None, True, 1.0, 2.0])
 def test_another_version_is_refused_before_anything_else(version) -> None:
     # The fields of another version mean what that version says: none is looked at.
     problems = problems_of(described(version=version, model="alexnet", cuts=[]))
     assert list(problems) == ["version"]
-    if version is True or version == 1:  # 1.0 == 1 == True: only the integer 1 is read
-        assert "is not one this party reads (it reads 1)" in problems["version"][0]
+    if version is True or version in (1, 2):  # 1.0 == 1 == True: only integers are read
+        assert "is not one this party reads (it reads 1, 2)" in problems["version"][0]
 
 
 def test_a_missing_version_is_refused() -> None:
     data = described()
     del data["version"]
-    assert problems_of(data) == {"version": ["required: the JSON form's version (1 here)"]}
+    assert problems_of(data) == {"version": ["required: the JSON form's version (2 here)"]}
+
+
+def test_version_1_is_read_as_version_2() -> None:
+    """A stored or sent description of version 1 (before model_args) reads as today's
+    form; model_args is not one of its fields."""
+    old = described(version=1)
+    description = JobDescription.from_json(old)
+    assert description == JobDescription.from_json(described())
+    assert description.version == FORMAT and description.to_json()["model_args"] == {}
+    problems = problems_of(described(version=1, model_args={}))
+    assert list(problems) == ["model_args"] and "unknown field" in problems["model_args"][0]
 
 
 def test_missing_and_unknown_fields_are_named() -> None:
@@ -225,6 +236,57 @@ def test_a_modes_options_take_their_defaults_and_their_types(optioned) -> None:
         "share must be a float, got 'half'",
         "secure must be a bool, got 1",
     ]
+
+
+FACTORY = "medsplit.models.small_cnn:small_cnn"
+ARGS = {"spatial_dims": 2, "in_channels": 1, "num_classes": 2}
+
+
+def test_a_factory_model_and_its_arguments_round_trip() -> None:
+    """A MODULE:FACTORY model's form is checked here; whether a party may import its
+    module is that party's own list's to say (nothing is imported reading it)."""
+    description = JobDescription.from_json(described(model=FACTORY, model_args=ARGS))
+    assert description.model == FACTORY and dict(description.model_args) == ARGS
+    assert JobDescription.from_json(json.loads(json.dumps(description.to_json()))) == description
+    model = description.job_model()
+    assert model.name == FACTORY
+    assert model.model_args == '{"in_channels":1,"num_classes":2,"spatial_dims":2}'
+    assert hash(model) == hash(JobDescription.from_json(description.to_json()).job_model())
+    registry = JobDescription.from_json(described()).job_model()
+    assert registry.model_args == "" and registry == JobModel("small_cnn", 2, 1, 2, (1, 28, 28), 0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name", "reason"),
+    [
+        ({"model_args": {"channels": 3}}, "model_args", "small_cnn is a registry model: it takes"),
+        ({"model": FACTORY, "model_args": [1]}, "model_args", "has the wrong type"),
+        ({"model": FACTORY, "model_args": {"w": "x" * 5000}}, "model_args", "at most 4096 bytes"),
+        ({"model": FACTORY, "model_args": {"w": float("nan")}}, "model_args", "plain JSON"),
+        ({"model": "os:system", "model_args": {"x": {1, 2}}}, "model_args", "plain JSON"),
+        ({"model": "a b:c"}, "model", "is not a model name of the form MODULE:FACTORY"),
+        ({"model": "m:" + "f" * 200}, "model", "is not a model name of the form"),
+    ],
+)
+def test_model_args_rules_name_their_field(overrides: dict, name: str, reason: str) -> None:
+    if isinstance(overrides.get("model_args"), dict) and any(
+        isinstance(v, set) for v in overrides["model_args"].values()
+    ):  # not JSON at all: only the constructor can be handed it
+        with pytest.raises(JobDescriptionError) as error:
+            JobDescription(
+                model=overrides["model"],
+                model_args=overrides["model_args"],
+                spatial_dims=2,
+                in_channels=1,
+                num_classes=2,
+                input_shape=(1, 28, 28),
+                cuts=("pool1",),
+            )
+        problems = error.value.problems
+    else:
+        problems = problems_of(described(**overrides))
+    assert list(problems) == [name]
+    assert reason in problems[name][0]
 
 
 def test_partial_checks_skip_what_is_absent() -> None:

@@ -206,3 +206,34 @@ def test_a_job_in_a_mode_this_worker_was_not_configured_with_fails_saying_so(
     assert turn.status == Turn.Status.FAILED
     assert "unknown mode 'elsewhere'" in turn.failure_reason
     assert 'MEDSPLIT["EXTRA_MODES"] (MEDSPLIT_EXTRA_MODES)' in turn.failure_reason
+
+
+def test_a_job_naming_a_model_module_this_worker_does_not_list_fails_before_importing_it(
+    runtime: str, make_job, admin_actor: Actor, tmp_path, monkeypatch
+) -> None:
+    """A worker imports only the model modules of its own MEDSPLIT["MODEL_MODULES"]: a
+    job whose description names a factory in another one (a coordinator listing more, a
+    row changed behind its back) fails its turn naming the module and the setting, and
+    the module was never imported."""
+    from tests.model_modules import ARGS, listed, marked_module
+    from training.apps import MODEL_MODULES_SETTING
+
+    marked = marked_module(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = scheduled(make_job, admin_actor, rounds=1, on_failure="fail")
+    turn = job_advance(job_id=job.pk)
+    described = {**job.description, "model": marked.factory, "model_args": ARGS}
+    Job.objects.filter(pk=job.pk).update(description=described, model_name=marked.factory)
+    with listed(["monai"], setting=MODEL_MODULES_SETTING):
+        assert turn_runner.run(turn.pk, runner="r").outcome == "failed"
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.FAILED
+    assert f"ModelModuleRefused: model module {marked.module!r}" in turn.failure_reason
+    assert 'add it to MEDSPLIT["MODEL_MODULES"] (MEDSPLIT_MODEL_MODULES)' in turn.failure_reason
+    # The relay guard's sweep builds no such model either: the job's keys may hold only
+    # their own cost here, and the sweep goes on for the other jobs.
+    from workers.relay_watch import job_limits
+
+    with listed(["monai"], setting=MODEL_MODULES_SETTING):
+        assert job_limits(f"job-{job.pk}", turn.hospital.slug) is None
+    assert not marked.imported()

@@ -543,6 +543,8 @@ export async function render(root, [id], session) {
     const d = job.description || {};
     const rows = [
       ["Model", job.model],
+      // A MODULE:FACTORY model's keyword arguments (a registry model has none).
+      ...(Object.keys(d.model_args || {}).length ? [["Model arguments", JSON.stringify(d.model_args)]] : []),
       ["Mode", job.mode],
       ["Cut(s)", (d.cuts || []).join(", ")],
       ["Input shape", d.input_shape?.length ? `[${d.input_shape.join(", ")}]` : "–"],

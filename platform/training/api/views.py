@@ -139,6 +139,14 @@ class ModelCutsView(APIView):
                 description="list every module boundary at most this many names deep (1 to "
                 "16); default: down to the depth where the tensors that cross change",
             ),
+            OpenApiParameter(
+                "model_args",
+                str,
+                required=False,
+                description="a MODULE:FACTORY model's keyword arguments, a JSON object of at "
+                "most 4096 bytes; such a model's table is worked out only when its module is "
+                "in MEDSPLIT_MODEL_MODULES, and it needs input_shape",
+            ),
         ],
         responses={
             200: CutTableSerializer,
@@ -152,6 +160,7 @@ class ModelCutsView(APIView):
             model_name=name,
             input_shape=request.query_params.get("input_shape"),
             depth=request.query_params.get("depth"),
+            model_args=request.query_params.get("model_args"),
         )
         return Response(table)
 
