@@ -29,7 +29,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,6 +73,9 @@ ALIGNMENT_FILE = "alignment.bin"
 #: How long the mail stays on the relay (a job may wait for its parties that long).
 MAIL_TTL_SECONDS = 7 * 24 * 3600
 REPLY_MAGIC = b"MSPSIREPLY1"
+#: The most PSI requests a party answers in one alignment: a restarted label party sends
+#: a fresh one, but each answer tells the intersection with whatever set it was made of.
+MAX_ANSWERS = 3
 _POLL_SECONDS = 0.2
 _STATE_EVERY_SECONDS = 1.0
 
@@ -194,11 +197,27 @@ def align_records(
     return side.run()
 
 
+@dataclass
 class _Side:
     """One party's part (the arguments of :func:`align_records`)."""
 
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
+    relay: Relay
+    keys: RelayKeys
+    coordinator: AlignmentCoordinator
+    job: int
+    me: str
+    participants: list[Mapping[str, Any]]
+    records: VerticalRecords
+    seed: int
+    minimum: int
+    identity: MLDSA65PrivateKey
+    pins: Pins
+    job_keys: JobKeys
+    folder: Path
+    timeout: float
+    stopping: threading.Event
+
+    def __post_init__(self) -> None:
         self.job_name = f"job-{self.job}"
         names = [str(p["hospital"]) for p in self.participants]
         if self.me not in names or len(names) < 2 or len(set(names)) != len(names):
@@ -301,6 +320,7 @@ class _Side:
 
     def _other_side(self) -> Alignment:
         answered: bytes | None = None
+        answers = 0
         deadline = time.monotonic() + self.timeout
         next_state = 0.0
         while True:
@@ -314,6 +334,13 @@ class _Side:
             request = self._mail(self.label, PSI_TOPIC)
             if request is not None and hashlib.sha256(request).digest() != answered:
                 # A new request (the first, or the label party's after a restart).
+                if answers >= MAX_ANSWERS:
+                    raise AlignmentFailed(
+                        f"job {self.job}: {self.label} sent more than {MAX_ANSWERS} PSI "
+                        "requests; each answer would tell it the intersection with another "
+                        "set, so no more are answered"
+                    )
+                answers += 1
                 plain = self._open(self.label, "psi-request", request)
                 server = PsiServer(self.records.identifiers, session=self._session(self.me))
                 try:
@@ -411,7 +438,15 @@ class _Side:
             context=self._context(sender, self.me, purpose),
         )
 
-    def _collect(self, senders: list[str], topic: str, purpose: str, take, *, what: str) -> None:
+    def _collect(
+        self,
+        senders: list[str],
+        topic: str,
+        purpose: str,
+        take: Callable[[str, bytes], bool],
+        *,
+        what: str,
+    ) -> None:
         """Open each sender's mail on ``topic`` until ``take`` accepts one of each."""
         waiting = list(senders)
         deadline = time.monotonic() + self.timeout

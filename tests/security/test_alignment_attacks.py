@@ -13,6 +13,7 @@ import redis
 from hospital_agent.alignment import (
     ALIGNMENT_FILE,
     ALIGNMENT_TOPIC,
+    MAX_ANSWERS,
     PSI_TOPIC,
     REPLY_MAGIC,
     AlignmentFailed,
@@ -20,8 +21,8 @@ from hospital_agent.alignment import (
 )
 from kernel.actors import Actor, ActorKind
 from medsplit.errors import SealError
-from medsplit.protocol.sealing import SealContext, seal
-from medsplit.psi import Alignment, PsiServer
+from medsplit.protocol.sealing import SealContext, seal, unseal
+from medsplit.psi import Alignment, PsiClient, PsiServer
 from medsplit.psi.alignment import common_order
 from medsplit.psi.errors import PsiError, PsiMessageError
 from tests.alignment_parties import PartyBoard, SharedBoard, consortium, records, run_all
@@ -159,6 +160,41 @@ def test_a_request_altered_on_the_relay_is_refused(consortium) -> None:
     assert "clinic" not in board.reports
 
 
+def test_a_label_party_probing_with_many_sets_is_answered_three_times(consortium) -> None:
+    """Each answer tells the label party the intersection with the set it sent: a party
+    answers a few fresh requests (a restarted label party's), not one per guess."""
+    label, other, participants, board = pair(consortium)
+    job = f"job-{label.job}"
+
+    def probe() -> None:
+        for number in range(MAX_ANSWERS + 1):
+            guess = [f"G{number}-{i}" for i in range(20)] + IDS[10 + number : 12 + number]
+            request = PsiClient(guess, session=f"{job}/psi/lab/clinic").request()
+            sealed_mail(label, other, purpose="psi-request", topic=PSI_TOPIC, data=request)
+            if number == MAX_ANSWERS:
+                return  # this one is refused: no reply to wait for
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                reply = label.relay.get_mail(
+                    keys=session_keys(), job=job, sender="clinic", topic=PSI_TOPIC
+                )
+                if (
+                    reply is not None
+                    and _unseal(label, other, reply, "psi-reply")[
+                        len(REPLY_MAGIC) : len(REPLY_MAGIC) + 32
+                    ]
+                    == hashlib.sha256(request).digest()
+                ):
+                    break
+                time.sleep(0.05)
+
+    results = run_all(
+        {"clinic": lambda: other.align(participants, PartyBoard(board, "clinic")), "probe": probe}
+    )
+    assert isinstance(results["clinic"], AlignmentFailed), results["clinic"]
+    assert f"more than {MAX_ANSWERS} PSI requests" in str(results["clinic"])
+
+
 def test_a_foreign_intersection_from_the_label_party_is_refused(consortium) -> None:
     label, other, participants, board = pair(consortium)
     # The "label party" hands on identifiers the other does not hold (to learn which of
@@ -217,9 +253,7 @@ def test_a_different_digest_at_the_coordinator_fails_the_job_before_training(
     assert Job.objects.get(pk=job.pk).alignment.status == "mismatch"
 
 
-def _unseal(me, sender, blob: bytes) -> bytes:
-    from medsplit.protocol.sealing import unseal
-
+def _unseal(me, sender, blob: bytes, purpose: str = "psi-request") -> bytes:
     return unseal(
         blob,
         recipient=me.job_keys.load(me.job),
@@ -229,6 +263,6 @@ def _unseal(me, sender, blob: bytes) -> bytes:
             round=0,
             sender=sender.slug,
             recipient=me.slug,
-            purpose="psi-request",
+            purpose=purpose,
         ),
     )
