@@ -233,9 +233,12 @@ class _Side:
 
     def run(self) -> AlignedRecords:
         alignment = self._kept()
-        if alignment is None:
-            alignment = self._label_side() if self.me == self.label else self._other_side()
-            write_private(self.path, alignment.to_bytes())
+        if alignment is None and self.me == self.label:
+            alignment = self._label_side()
+        elif alignment is None:
+            alignment = self._other_side()
+            self._positions(alignment)  # checked before it is kept
+            self._keep(alignment)
         elif self.me == self.label:
             self._hand_on(alignment)  # again: a party may have missed it before a restart
         positions = self._positions(alignment)
@@ -264,6 +267,10 @@ class _Side:
                 "the records must not change during a job"
             ) from e
         return alignment
+
+    def _keep(self, alignment: Alignment) -> None:
+        """Kept as privately as the per-job key: the identifiers are pseudonyms, still."""
+        write_private(self.path, alignment.to_bytes())
 
     def _positions(self, alignment: Alignment) -> list[int]:
         return alignment.positions(self.records.identifiers, source=f"{self.me}'s records")
@@ -308,6 +315,9 @@ class _Side:
                 size=len(alignment),
                 minimum=self.minimum,
             )
+        # Kept before it leaves: a restart after this reuses it rather than asking the
+        # others, who may have gone on already, for a new PSI run.
+        self._keep(alignment)
         self._hand_on(alignment)
         return alignment
 

@@ -204,6 +204,7 @@ def test_a_foreign_intersection_from_the_label_party_is_refused(consortium) -> N
     with pytest.raises(PsiError, match="not in clinic's records"):
         other.align(participants, PartyBoard(board, "clinic"), timeout=5.0)
     assert board.reports == {}
+    assert not (other.folder / ALIGNMENT_FILE).exists()
 
 
 def test_an_intersection_in_a_chosen_order_is_refused(consortium) -> None:
