@@ -261,7 +261,7 @@ class _Side:
                 self.path.read_bytes(), seed=self.seed, minimum=self.minimum
             )
             self._positions(alignment)
-        except (OSError, PsiError) as e:
+        except (OSError, PsiError, AlignmentFailed) as e:
             raise AlignmentFailed(
                 f"job {self.job}: the alignment kept in {self.path} no longer fits ({e}); "
                 "the records must not change during a job"
@@ -273,6 +273,15 @@ class _Side:
         write_private(self.path, alignment.to_bytes())
 
     def _positions(self, alignment: Alignment) -> list[int]:
+        """Each aligned identifier's row here; the error counts the missing ones and names
+        none (it may reach the coordinator as the turn's failure)."""
+        own = set(self.records.identifiers)
+        missing = sum(1 for i in alignment.identifiers if i not in own)
+        if missing:
+            raise AlignmentFailed(
+                f"job {self.job}: {missing:,} of the {len(alignment):,} aligned identifiers "
+                f"are not in {self.me}'s records: the intersection was not computed on them"
+            )
         return alignment.positions(self.records.identifiers, source=f"{self.me}'s records")
 
     # -- the label party ----------------------------------------------------------------
