@@ -9,7 +9,7 @@ Example ``agent.toml``::
     # ca_bundle = "/etc/ssl/certs/consortium-ca.pem"
 
     [data]
-    kind = "folder"                   # "medmnist", "folder" or "synthetic"
+    kind = "folder"                   # "medmnist", "folder", "synthetic" or "table"
     path = "/data/chest-xrays"
     labels_csv = "labels.csv"         # folder: columns file,label
     val_fraction = 0.2
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hospital_agent.data import DEFAULT_VAL_FRACTION, DataSource
-from hospital_agent.data.sources import KINDS
+from hospital_agent.data.sources import DEFAULT_ID_COLUMN, KINDS
 from medsplit.errors import ConfigError
 from medsplit.models.factory import model_module_names
 
@@ -177,8 +177,10 @@ KEYS: tuple[Key, ...] = (
         "allows its modules), separated by commas; unset: only the registry's models",
         check=_module_names_ok, must="be dotted module names separated by commas",
         metavar="MODULE,..."),
-    Key("data.kind", str, None, "where the images come from", choices=KINDS, required=True),
-    Key("data.path", str, None, "medmnist: the .npz archive; folder: the folder of images",
+    Key("data.kind", str, None, "where the images (or, vertical jobs only, a table) come from",
+        choices=KINDS, required=True),
+    Key("data.path", str, None,
+        "medmnist: the .npz archive; folder: the folder of images; table: the CSV file",
         metavar="PATH"),
     Key("data.split", str, "train", "medmnist: the archive's split that is the hospital's pool",
         metavar="SPLIT"),
@@ -189,6 +191,17 @@ KEYS: tuple[Key, ...] = (
     Key("data.num_classes", int, 2, "synthetic: how many classes"),
     Key("data.shape", tuple, (1, 28, 28), "synthetic: the images' shape, C,H,W or C,D,H,W",
         metavar="C,H,W"),
+    Key("data.identifiers_csv", str, None,
+        "medmnist, vertical jobs: a CSV with the header id, one identifier per image of the "
+        "split, in order; relative to the archive's folder", metavar="PATH"),
+    Key("data.id_column", str, DEFAULT_ID_COLUMN, "table: the identifier column",
+        metavar="COLUMN"),
+    Key("data.feature_columns", str, None,
+        "table: the numeric feature columns, separated by commas; every column but the "
+        "identifier and label columns when unset", metavar="COLUMN,..."),
+    Key("data.label_column", str, None,
+        "table: the integer label column (the label party's); no labels when unset",
+        metavar="COLUMN"),
     Key("data.seed", int, 0, "synthetic: the images' seed; every kind: the local split's seed"),
     Key("data.val_fraction", float, DEFAULT_VAL_FRACTION,
         "the share of the pool kept aside, locally, for validation",

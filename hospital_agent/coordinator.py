@@ -181,6 +181,17 @@ class Coordinator:
         }
         return self._call("POST", f"/api/agent/assignments/{job}/submissions/", json=body)
 
+    def report_alignment(self, *, job: int, digest: str, size: int) -> dict[str, Any]:
+        """Tell the coordinator the digest and size of the intersection this hospital
+        holds (never an identifier); returns the job's alignment state."""
+        body = {"digest": digest, "size": size}
+        return self._call("POST", f"/api/agent/assignments/{job}/alignment/", json=body)
+
+    def alignment(self, *, job: int) -> dict[str, Any]:
+        """The job's alignment state: ``status`` (pending, agreed, mismatch, too_small),
+        ``size`` and ``reason``."""
+        return self._call("GET", f"/api/agent/assignments/{job}/alignment/")
+
     def report_loss(self, *, job: int, turn: int, step: int, loss: float) -> dict[str, Any]:
         """The hospital's own training loss at ``step`` of its running turn (modes whose
         loss is computed at the hospital). Tried for a couple of seconds only: a late

@@ -8,7 +8,12 @@ Typical use by the agent::
     data = prepare(data, input_shape=(1, 64, 64), num_classes=2)
     train = augment(data.train, job_augment, epoch=epoch)  # per epoch; off by default
 
-Only ``summary.to_json()`` leaves the hospital (the heartbeat's ``dataset_summary``).
+A vertical party (vertical jobs) reads its records with identifiers instead::
+
+    records = load_vertical(DataSource(kind="table", path="/data/labs.csv", label_column="y"))
+
+Only ``summary.to_json()`` (``records.summary().to_json()``) leaves the hospital (the
+heartbeat's ``dataset_summary``).
 """
 
 from hospital_agent.data.local import (
@@ -23,6 +28,7 @@ from hospital_agent.data.local import (
 from hospital_agent.data.problems import MAX_PROBLEMS, DataProblem, Problem
 from hospital_agent.data.sources import DataSource, load_source, read_image
 from hospital_agent.data.transforms import AugmentConfig, augment, prepare
+from hospital_agent.data.vertical import VerticalRecords, identifier_of, load_vertical
 
 __all__ = [
     "DEFAULT_VAL_FRACTION",
@@ -33,10 +39,13 @@ __all__ = [
     "DataSummary",
     "LocalData",
     "Problem",
+    "VerticalRecords",
     "augment",
     "check_data",
+    "identifier_of",
     "load_local",
     "load_source",
+    "load_vertical",
     "prepare",
     "read_image",
     "split_local",

@@ -1,4 +1,5 @@
-"""Where a hospital's images come from: a MedMNIST archive, a folder, or synthetic data.
+"""Where a hospital's images come from: a MedMNIST archive, a folder, or synthetic data
+(and, for vertical jobs only, a ``table`` of numeric features: :mod:`.vertical`).
 
 Folder images are read through MONAI's ``LoadImage`` with the reader their suffix calls
 for: Pillow for PNG/JPEG, pydicom for DICOM (``.dcm``), nibabel for NIfTI (``.nii``,
@@ -26,7 +27,10 @@ from hospital_agent.data.problems import DataProblem, Problems
 from medsplit.data import DataSplit, load_medmnist, synthetic_split
 from medsplit.errors import ConfigError, DataError
 
-KINDS = ("medmnist", "folder", "synthetic")
+KINDS = ("medmnist", "folder", "synthetic", "table")
+#: Kinds only vertical jobs read (:mod:`hospital_agent.data.vertical`).
+VERTICAL_ONLY = ("table",)
+DEFAULT_ID_COLUMN = "id"
 CSV_HEADER = ("file", "label")
 DEFAULT_LABELS_CSV = "labels.csv"
 
@@ -40,8 +44,10 @@ class DataSource:
     """Where a hospital's training pool comes from (the agent's configuration).
 
     Attributes:
-        kind: ``"medmnist"``, ``"folder"`` or ``"synthetic"``.
-        path: medmnist: the ``.npz`` archive; folder: the folder of images.
+        kind: ``"medmnist"``, ``"folder"``, ``"synthetic"`` or (vertical jobs only)
+            ``"table"``.
+        path: medmnist: the ``.npz`` archive; folder: the folder of images; table: the
+            CSV of identifiers and numeric features.
         split: medmnist only: which split of the archive is the hospital's pool
             (``"train"``, ``"val"`` or ``"test"``).
         labels_csv: folder only: the CSV of labels, header ``file,label``, one row per
@@ -50,12 +56,17 @@ class DataSource:
         samples, num_classes, shape, seed: synthetic only, as
             :func:`medsplit.data.synthetic_split` (``shape`` is ``(C, H, W)`` or
             ``(C, D, H, W)``).
+        identifiers_csv: medmnist, vertical jobs: a CSV with the header ``id`` and one
+            identifier per image of ``split``, in order (relative: next to the archive).
+        id_column, feature_columns, label_column: table only: the identifier column, the
+            feature columns (comma separated; every other column when unset) and the
+            optional integer label column.
 
     Raises:
         ConfigError: an unknown kind, or a field the kind needs is missing or invalid.
     """
 
-    kind: Literal["medmnist", "folder", "synthetic"]
+    kind: Literal["medmnist", "folder", "synthetic", "table"]
     path: str | os.PathLike[str] | None = None
     split: str = "train"
     labels_csv: str | os.PathLike[str] | None = None
@@ -63,11 +74,15 @@ class DataSource:
     num_classes: int = 2
     shape: tuple[int, ...] = (1, 28, 28)
     seed: int = 0
+    identifiers_csv: str | os.PathLike[str] | None = None
+    id_column: str = DEFAULT_ID_COLUMN
+    feature_columns: str | None = None
+    label_column: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.kind in ("medmnist", "folder") and not self.path:
+        if self.kind in ("medmnist", "folder", "table") and not self.path:
             raise ConfigError(f"a {self.kind} source needs a path")
         if self.kind == "synthetic" and (
             not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 1
@@ -123,6 +138,12 @@ def read_source(
 ) -> Loaded:
     """As :func:`load_source`, also returning the image shape as loaded."""
     check_job(input_shape, num_classes)
+    if source.kind in VERTICAL_ONLY:
+        raise DataProblem.one(
+            os.fspath(source.path or ""),
+            f"a {source.kind} source holds a vertical party's features; only vertical jobs "
+            "read it (hospital_agent.data.vertical)",
+        )
     if source.kind == "medmnist":
         loaded = _read_medmnist(source)
     elif source.kind == "synthetic":

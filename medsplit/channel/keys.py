@@ -29,7 +29,8 @@ The workers keep a third family for themselves (no hospital reaches it)::
 ``<topic>`` names what a stream pair or a blob is for (:data:`STREAM_TOPICS`,
 :data:`MAIL_TOPICS`): training turns, secure-aggregation submissions and inference
 requests between a hospital and the workers; hand-offs, private-set-intersection
-messages, mask seeds and model exports between hospitals.
+messages (``psi``: a request one way, its reply the other), the intersection handed on
+(``alignment``), mask seeds and model exports between hospitals.
 
 Why the patterns cannot reach another hospital's keys:
 
@@ -69,7 +70,7 @@ SEQ = "seq"
 #: Stream pairs between a hospital and the workers, by what they carry.
 STREAM_TOPICS = ("train", "agg", "infer")
 #: Blobs from one hospital to another, by what they carry.
-MAIL_TOPICS = ("handoff", "handoff-odd", "psi", "mask-seed", "export")
+MAIL_TOPICS = ("handoff", "handoff-odd", "psi", "alignment", "mask-seed", "export")
 
 #: Every fixed word of the layout; none may be a hospital's slug.
 RESERVED_WORDS = frozenset(

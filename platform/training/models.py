@@ -341,3 +341,32 @@ class Aggregation(models.Model):
             f"aggregation of job {self.job_id} round {self.round_index} attempt "
             f"{self.attempt} ({self.status})"
         )
+
+
+class JobAlignment(models.Model):
+    """A vertical job's record alignment as its parties reported it: each participant's
+    digest and size of the intersection it holds, and the outcome of comparing them once
+    all have (``training/alignment.py``). Digests and sizes only: no identifier ever
+    reaches the coordinator.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"  # not every participant has reported yet
+        AGREED = "agreed"  # every digest is the label party's: training may start
+        MISMATCH = "mismatch"  # the parties hold different intersections: the job failed
+        TOO_SMALL = "too_small"  # below the job's minimum: the job failed
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="alignment")
+    # The smallest intersection the job trains on (its mode's min_records).
+    minimum = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    # The intersection's size: once agreed, or as the label party reported it too small.
+    size = models.PositiveIntegerField(null=True, blank=True)
+    # {hospital slug: {"digest", "size", "at"}}, as each reported.
+    reports = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"alignment of job {self.job_id} ({self.status})"

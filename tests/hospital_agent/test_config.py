@@ -41,6 +41,10 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "data.samples": (12, 48),
     "data.num_classes": (3, 5),
     "data.shape": ((3, 32, 32), (1, 8, 16, 16)),
+    "data.identifiers_csv": ("ids.csv", "/data/other-ids.csv"),
+    "data.id_column": ("patient", "pid"),
+    "data.feature_columns": ("age,ldl", "hba1c"),
+    "data.label_column": ("outcome", "y"),
     "data.seed": (7, 11),
     "data.val_fraction": (0.3, 0.0),
 }

@@ -16,6 +16,7 @@ from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from medsplit.training.description import FORMAT, JobDescription
+from training.alignment import alignment_summary
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.plan import TurnStart, job_result, turn_start
 from training.states import JobState
@@ -112,6 +113,24 @@ class DescriptionField(serializers.JSONField):
     """A job's description, served as stored."""
 
 
+class AlignmentStateSerializer(serializers.Serializer):
+    """A vertical job's record alignment: sizes and the outcome only, never a digest or an
+    identifier (``training/alignment.py``)."""
+
+    status = serializers.ChoiceField(
+        choices=["pending", "agreed", "mismatch", "too_small", "failed"],
+        help_text="pending until every party reported; agreed: all hold one intersection; "
+        "mismatch, too_small: the job failed; failed: the job ended undecided",
+    )
+    size = serializers.IntegerField(
+        allow_null=True, help_text="the intersection's size, once agreed or too small"
+    )
+    reported = serializers.IntegerField(help_text="how many parties have reported")
+    parties = serializers.IntegerField(help_text="how many parties the job has")
+    minimum = serializers.IntegerField(help_text="the smallest intersection the job trains on")
+    reason = serializers.CharField(help_text="why it failed, if it did")
+
+
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_name")
     description = DescriptionField(read_only=True)
@@ -121,6 +140,10 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="its secure aggregation attempts, round by round (modes that aggregate "
         "securely): who took part with which weight, who submitted (digest and size), the "
         "aggregate's digest, who was left out and why; never a value"
+    )
+    alignment = serializers.SerializerMethodField(
+        help_text="its record alignment (jobs whose parties align records, once one "
+        "reported): status, the intersection's size and minimum; never a digest"
     )
 
     class Meta:
@@ -140,6 +163,7 @@ class JobSerializer(serializers.ModelSerializer):
             "round_deadline_seconds",
             "participants",
             "aggregations",
+            "alignment",
             "current_round",
             "created_by",
             "created_at",
@@ -157,6 +181,10 @@ class JobSerializer(serializers.ModelSerializer):
         return [
             {k: v for k, v in AggregationSerializer(a).data.items() if k != "counts"} for a in rows
         ]
+
+    @extend_schema_field(AlignmentStateSerializer(allow_null=True))
+    def get_alignment(self, job: Job) -> dict | None:
+        return alignment_summary(job)
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)

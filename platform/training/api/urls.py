@@ -66,6 +66,11 @@ urlpatterns = [
         name="agent-submissions",
     ),
     path(
+        "agent/assignments/<int:job_id>/alignment/",
+        views.AgentAlignmentView.as_view(),
+        name="agent-alignment",
+    ),
+    path(
         "agent/assignments/<int:job_id>/problems/",
         views.AgentProblemView.as_view(),
         name="agent-problems",

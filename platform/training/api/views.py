@@ -23,10 +23,12 @@ from kernel.errors import InvalidInput
 from kernel.permissions import require_agent
 from training import agent_services, selectors, services
 from training.aggregation import aggregation_submit
+from training.alignment import alignment_get, alignment_report, alignment_state
 from training.api.filters import JobFilter
 from training.api.long_poll import long_poll
 from training.api.serializers import (
     AggregationSerializer,
+    AlignmentStateSerializer,
     AssignmentSerializer,
     CodecSerializer,
     CutTableSerializer,
@@ -443,6 +445,39 @@ class AgentSubmissionView(APIView):
             counts=data["counts"],
         )
         return Response(AggregationSerializer(aggregation).data)
+
+
+class AlignmentInputSerializer(StrictSerializer):
+    digest = StrictCharField(
+        min_length=64, max_length=64, help_text="SHA-256 of the ordered intersection's encoding"
+    )
+    size = StrictIntegerField(min_value=0, help_text="how many records the intersection holds")
+
+
+@extend_schema(tags=["agent"])
+class AgentAlignmentView(APIView):
+    @extend_schema(
+        summary="The agent holds its vertical job's intersection of records: its digest and "
+        "size (never an identifier); once every party has, the coordinator compares them",
+        request=AlignmentInputSerializer,
+        responses={200: AlignmentStateSerializer},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "report a record alignment")
+        data = _valid(AlignmentInputSerializer, request)
+        alignment = alignment_report(
+            actor=actor, job_id=job_id, digest=data["digest"], size=data["size"]
+        )
+        return Response(AlignmentStateSerializer(alignment_state(alignment.job, alignment)).data)
+
+    @extend_schema(
+        summary="The job's record alignment: pending, agreed, mismatch or too small",
+        responses={200: AlignmentStateSerializer},
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        state = alignment_get(actor=_actor(request), job_id=job_id)
+        return Response(AlignmentStateSerializer(state).data)
 
 
 @extend_schema(tags=["agent"])
