@@ -42,6 +42,7 @@ from medsplit.turns.joint import JointPartyRole, JointStep
 from medsplit.turns.server import SERVER_PARTY, StepGate
 from medsplit.turns.shared import SharedSegmentGate, SharedStart
 from medsplit.turns.stores import read_verified
+from training.alignment import aligned_size
 from training.models import Job, Turn
 from training.runs import (
     checkpoint_dir,
@@ -175,8 +176,6 @@ def _joint_plan(job: Job, config: TrainingConfig, round_index: int, claims: list
     model = job_vertical_model(job_model(job), config, participants)
     party = Party.create(copy.deepcopy(model.top), config.server_optimizer)
     start = _round_start(job, round_index, party)
-    from training.alignment import aligned_size  # TODO(lead): top-level once merged
-
     size = aligned_size(job)
     if size is None:
         raise TurnFailed(

@@ -34,11 +34,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
-from medsplit.cutting import SplitModel
+from medsplit.cutting import BoundaryTensor, SplitModel
 from medsplit.errors import ConfigError, RoundPlanError
 from medsplit.models import ModelSpec
 from medsplit.protocol import checks
@@ -211,6 +211,20 @@ class ModeConfiguration:
         }
 
 
+class JointServerRole(Protocol):
+    """The server's step over every party's frame of one step (vertical split learning):
+    :meth:`forward` takes each party's frame and answers those the step answers now;
+    :meth:`backward` takes the label party's gradient at the head, where there is one."""
+
+    parties: list[str]
+
+    def expect(self, party: str) -> FrameSpec: ...
+
+    def forward(self, frames: Mapping[str, Frame]) -> dict[str, Frame]: ...
+
+    def backward(self, frame: Frame) -> dict[str, Frame]: ...
+
+
 class SplitMode(ABC):
     """One way of splitting a network between hospitals and the server.
 
@@ -308,6 +322,47 @@ class SplitMode(ABC):
         limits: FrameLimits | None = None,
     ) -> ServerRole:
         """The server's step role over its party; ``limits`` bound what frames may hold."""
+
+    # -- parties holding different features of the same records (vertical) ------------
+
+    def embedding_join(self) -> str | None:
+        """How the server joins every party's embedding of one step
+        (:mod:`medsplit.modes.joins`), for a mode whose parties hold different features
+        of the same records (:attr:`feature_sets`); ``None``: one party per step."""
+        return None
+
+    def passive_role(
+        self, front: Party, boundary: Sequence[BoundaryTensor], *, codec: str = "none"
+    ) -> ClientRole:
+        """The step role of a party that holds features but no labels (vertical).
+
+        Raises:
+            ConfigError: by default: every party of this mode holds labels.
+        """
+        raise ConfigError(f"{self.name} mode has no party without labels")
+
+    def joint_server_role(
+        self,
+        top: Party,
+        *,
+        inputs: Mapping[str, BoundaryTensor],
+        top_input: str,
+        head_boundary: Sequence[BoundaryTensor] | None,
+        label_party: str,
+        job: str,
+        codec: str = "none",
+        loss_fn: LossFn | None = None,
+        limits: FrameLimits | None = None,
+    ) -> JointServerRole:
+        """The server's step over every party's frame of one step (vertical): ``inputs``
+        is the one tensor each party's front sends, ``top_input`` the name the top
+        segment takes the joined tensor under, ``head_boundary`` what the top sends the
+        label party's head (with the labels at home).
+
+        Raises:
+            ConfigError: by default: this mode's steps have one party each.
+        """
+        raise ConfigError(f"{self.name} mode's steps come from one party each")
 
     def eval_activations(
         self, parties: Mapping[str, Party], x: torch.Tensor

@@ -22,9 +22,7 @@ relay are still to come).
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +31,7 @@ import torch
 from medsplit.cutting import BoundaryTensor, SplitModel
 from medsplit.errors import ConfigError, ProtocolError
 from medsplit.modes.base import GroupServer, ModeOption, Side, SplitMode, StartFrom
+from medsplit.modes.joins import JOINS, SUM, join_embeddings
 from medsplit.modes.ushaped import UShapedMode
 from medsplit.modes.vanilla import VanillaMode
 from medsplit.protocol.checks import BATCH as BATCH_PROBLEM
@@ -68,7 +67,6 @@ from medsplit.protocol.roles import (
 from medsplit.wire import Frame, FrameKind, FrameSpec, TensorSpec
 
 NAME = "vertical"
-SUM, MEAN, CONCAT = "sum", "mean", "concat"
 
 JOIN = ModeOption(
     "join",
@@ -77,7 +75,7 @@ JOIN = ModeOption(
     "how the server joins the parties' embeddings: sum or mean (every front's output the "
     "same shape, the top unchanged), or concat along the channels (the top starts with a "
     "learned projection from the joined channels to one front's)",
-    choices=(SUM, MEAN, CONCAT),
+    choices=JOINS,
 )
 LABELS_OPTION = ModeOption(
     "labels",
@@ -100,51 +98,6 @@ MIN_RECORDS_FLOOR = 10
 
 _VANILLA = VanillaMode()
 _USHAPED = UShapedMode()
-
-
-def join_embeddings(join: str, embeddings: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The parties' embeddings joined, in the parties' order (sums in a fixed order, so
-    that the split and the unsplit model add the same numbers the same way).
-
-    Raises:
-        ConfigError: an unknown join, no embedding, or shapes the join cannot combine.
-    """
-    if not embeddings:
-        raise ConfigError("vertical join of no embeddings: a job needs two or more parties")
-    if join in (SUM, MEAN):
-        shapes = {tuple(e.shape) for e in embeddings}
-        if len(shapes) > 1:
-            raise ConfigError(
-                f"vertical {join} needs every party's embedding of one shape, got "
-                f"{sorted(shapes)}; cut the fronts where they agree, or join by concat"
-            )
-        total = functools.reduce(operator.add, embeddings)
-        return total / len(embeddings) if join == MEAN else total
-    if join == CONCAT:
-        rest = {tuple(e.shape[:1]) + tuple(e.shape[2:]) for e in embeddings}
-        if len(rest) > 1:
-            raise ConfigError(
-                "vertical concat joins along the channels (dimension 1); the embeddings "
-                f"differ elsewhere: {[tuple(e.shape) for e in embeddings]}"
-            )
-        return torch.cat(list(embeddings), dim=1)
-    raise ConfigError(f"vertical join must be one of {list(JOIN.choices)}, got {join!r}")
-
-
-def single_crossing(boundary: Sequence[BoundaryTensor], *, party: str) -> BoundaryTensor:
-    """The one tensor a vertical party's front sends (the join takes one per party).
-
-    Raises:
-        ConfigError: its cut lets several tensors (or none) cross.
-    """
-    if len(boundary) != 1:
-        names = [t.name for t in boundary]
-        raise ConfigError(
-            f"vertical party {party!r}: its cut lets {len(names)} tensors cross ({names}); "
-            "the server joins one embedding per party: cut where one tensor crosses "
-            "(`medsplit cuts MODEL` lists them)"
-        )
-    return boundary[0]
 
 
 class VerticalMode(SplitMode):
@@ -213,6 +166,9 @@ class VerticalMode(SplitMode):
         if (filled["join"], filled["labels"], filled["min_records"]) == mine:
             return self
         return VerticalMode(filled["join"], filled["labels"], filled["min_records"])
+
+    def embedding_join(self) -> str:
+        return self.join
 
     # -- parties and segments ----------------------------------------------------------
 

@@ -18,7 +18,6 @@ import torch
 
 from medsplit.channel import Channel, InMemoryChannel, RelayKeys
 from medsplit.errors import ConfigError
-from medsplit.modes.vertical import VerticalFront, VerticalMode
 from medsplit.protocol.roles import ClientRole, LossFn, StepIds, StepResult, eval_mode
 from medsplit.psi import Alignment, PsiClient, PsiServer, align, epoch_batches
 from medsplit.training.config import TrainingConfig
@@ -155,7 +154,7 @@ class VerticalJob:
         num_classes: int | None = None,
     ):
         mode = config.split_mode
-        if not isinstance(mode, VerticalMode) or mode.join != model.join:
+        if mode.embedding_join() != model.join:
             raise ConfigError(
                 f"a vertical job runs the vertical mode with the model's join "
                 f"({model.join}); got mode {mode!r}"
@@ -174,7 +173,7 @@ class VerticalJob:
             label_party=label,
             job=config.job,
             seed=config.seed,
-            minimum=mode.min_records if minimum is None else minimum,
+            minimum=int(config.mode_options["min_records"]) if minimum is None else minimum,
         )
         self.rows = {
             p.name: torch.tensor(self.alignment.positions(p.identifiers, source=p.name))
@@ -280,7 +279,8 @@ class VerticalJob:
         """Every round; after each, the label-leakage audit of every passive party."""
         reports = []
         roles, server = self._roles()
-        passive = {n: r for n, r in roles.items() if isinstance(r, VerticalFront)}
+        # A passive party's role keeps the gradient it received last (VerticalFront).
+        passive = {n: r for n, r in roles.items() if n != self.model.label_party}
         for round_ in range(self.config.rounds):
             report = VerticalRoundReport(round_)
             scores = {name: LeakageScores() for name in passive}
@@ -288,10 +288,11 @@ class VerticalJob:
                 result = self._step(roles, server, batch)
                 report.add(result)
                 for name, role in passive.items():
-                    if role.received is not None:
+                    received = getattr(role, "received", None)
+                    if received is not None:
                         # The party's scores, the label party's labels: on the platform
                         # the scores go sealed to the label party, never the labels out.
-                        scores[name].add(role.received, batch.labels)
+                        scores[name].add(received, batch.labels)
                 if on_step is not None:
                     on_step(result)
             report.leakage = {name: s.report() for name, s in scores.items()}

@@ -19,7 +19,8 @@ from torch import nn
 
 from medsplit.cutting import BoundaryTensor, split_model
 from medsplit.errors import ConfigError
-from medsplit.modes.vertical import CONCAT, VerticalMode, join_embeddings, single_crossing
+from medsplit.modes import SplitMode
+from medsplit.modes.joins import CONCAT, join_embeddings, single_crossing
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn, eval_mode
 from medsplit.training.config import TrainingConfig
@@ -105,7 +106,7 @@ class VerticalModel(nn.Module):
 def build_vertical(
     parts: Mapping[str, PartyModel],
     *,
-    mode: VerticalMode,
+    mode: SplitMode,
     label_party: str,
     seed: int = 0,
 ) -> VerticalModel:
@@ -119,6 +120,9 @@ def build_vertical(
             lets more than one tensor cross, or embeddings the join cannot combine.
         CutError: a model cannot be cut there.
     """
+    join = mode.embedding_join()
+    if join is None:
+        raise ConfigError(f"{mode.name} mode joins no parties' embeddings: not a vertical mode")
     if len(parts) < 2 or label_party not in parts:
         raise ConfigError(
             f"a vertical job needs two or more parties, the label party among them; got "
@@ -142,8 +146,8 @@ def build_vertical(
             examples[name] = fronts[name](part.example)[inputs[name].name]
     top_input = inputs[label_party].name
     top: nn.Module = copy.deepcopy(rest.segments[1])
-    joined = join_embeddings(mode.join, [examples[p] for p in parts])
-    if mode.join == CONCAT:
+    joined = join_embeddings(join, [examples[p] for p in parts])
+    if join == CONCAT:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             top = ConcatProjection(
@@ -171,7 +175,7 @@ def build_vertical(
         top_input=top_input,
         head=head,
         head_boundary=rest.boundaries[1] if len(cuts) == 2 else None,
-        join=mode.join,
+        join=join,
         label_party=label_party,
     )
 

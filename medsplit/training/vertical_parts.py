@@ -18,7 +18,7 @@ import torch
 
 from medsplit.data import DataSplit
 from medsplit.errors import ConfigError
-from medsplit.modes.vertical import VerticalMode
+from medsplit.modes import SplitMode
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, StepIds
 from medsplit.psi import Alignment
@@ -29,14 +29,14 @@ from medsplit.training.vertical_job import LabelBoundaries, aligned_steps
 from medsplit.training.vertical_model import VerticalModel, build_vertical, same_model_parts
 
 
-def vertical_mode(config: TrainingConfig) -> VerticalMode:
-    """The job's mode, which must be vertical.
+def vertical_mode(config: TrainingConfig) -> SplitMode:
+    """The job's mode, which must be one whose parties hold different features.
 
     Raises:
         ConfigError: the job's mode is another.
     """
     mode = config.split_mode
-    if not isinstance(mode, VerticalMode):
+    if not mode.feature_sets or mode.embedding_join() is None:
         raise ConfigError(f"a vertical turn in a job of mode {config.mode!r}")
     return mode
 

@@ -12,28 +12,16 @@ party that would resume mid-round fails the round (the top cannot go back for on
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
 
+from medsplit.modes.base import JointServerRole
 from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.roles import AppliedSteps, ServerRole
 from medsplit.turns.server import TurnFailed
 from medsplit.wire import Frame, FrameKind, FrameSpec
 
-__all__ = ["JointPartyRole", "JointServer", "JointStep"]
-
-
-class JointServer(Protocol):
-    """What a joint step drives (:class:`~medsplit.modes.vertical.VerticalServer`)."""
-
-    parties: list[str]
-
-    def expect(self, party: str) -> FrameSpec: ...
-
-    def forward(self, frames: Mapping[str, Frame]) -> dict[str, Frame]: ...
-
-    def backward(self, frame: Frame) -> dict[str, Frame]: ...
+__all__ = ["JointPartyRole", "JointStep"]
 
 
 class JointStep:
@@ -46,7 +34,7 @@ class JointStep:
         wait: longest wait between two looks at whether the round failed, in seconds.
     """
 
-    def __init__(self, server: JointServer, *, steps: int, wait: float = 1.0) -> None:
+    def __init__(self, server: JointServerRole, *, steps: int, wait: float = 1.0) -> None:
         self.server = server
         self.steps = steps
         self.wait = wait

@@ -30,7 +30,7 @@ from audit.services import audit_record
 from kernel.actors import Actor
 from kernel.errors import InvalidInput, NotFound
 from kernel.permissions import require_agent
-from medsplit.training.vertical_job import DEFAULT_MINIMUM_RECORDS
+from medsplit.errors import ConfigError
 from training.models import Job, JobAlignment
 from training.services import job_transition
 from training.states import TERMINAL, JobState
@@ -43,12 +43,21 @@ MAX_SIZE = 10_000_000
 
 
 def job_minimum(job: Job) -> int:
-    """The smallest intersection ``job`` trains on: its mode's ``min_records`` option."""
-    options = (job.description or {}).get("mode_options") or {}
-    value = options.get(MINIMUM_OPTION, DEFAULT_MINIMUM_RECORDS)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        return DEFAULT_MINIMUM_RECORDS
-    return value
+    """The smallest intersection ``job`` trains on: its mode's ``min_records`` option
+    (filled in with the mode's default where the job does not say)."""
+    try:
+        return int(job.training_config().mode_options[MINIMUM_OPTION])
+    except (ConfigError, KeyError) as e:
+        raise InvalidInput(
+            f"job {job.pk} aligns no records: its mode takes no {MINIMUM_OPTION} ({e})"
+        ) from e
+
+
+def aligned_size(job: Job) -> int | None:
+    """The size of ``job``'s agreed intersection (every step's records come from it),
+    or ``None`` while its parties have not agreed."""
+    alignment = JobAlignment.objects.filter(job=job, status=JobAlignment.Status.AGREED).first()
+    return None if alignment is None else alignment.size
 
 
 def alignment_report(*, actor: Actor, job_id: int, digest: str, size: int) -> JobAlignment:
