@@ -24,7 +24,7 @@ from hospital_agent.coordinator import (
     CoordinatorRefused,
     TokenRefused,
 )
-from hospital_agent.data import DataProblem, check_data
+from hospital_agent.data import DataProblem, check_data, load_vertical
 from hospital_agent.enrolment import enrol, move_to_identity_key
 from hospital_agent.identity import load_credentials, load_or_create_identity
 from hospital_agent.relay import HandoffMissing
@@ -190,10 +190,15 @@ class Agent:
     def _check_data(self) -> None:
         """Read the local data and keep its summary, or the problem with it (the file
         and the check, never pixel values): the heartbeat reports one or the other."""
+        source = self.config.data
         try:
-            self.summary = check_data(
-                self.config.data, val_fraction=self.config.val_fraction, seed=self.config.split_seed
-            ).to_json()
+            if source.kind == "table" or source.identifiers_csv:
+                # Records with identifiers, for vertical jobs: the parties split them together.
+                self.summary = load_vertical(source).summary().to_json()
+            else:
+                self.summary = check_data(
+                    source, val_fraction=self.config.val_fraction, seed=self.config.split_seed
+                ).to_json()
         except DataProblem as e:
             if self.data_problem != str(e):
                 logger.error("local data cannot be used: %s", e)

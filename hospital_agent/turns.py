@@ -34,9 +34,10 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, MLDSA65PublicKey
 from tqdm import tqdm
 
+from hospital_agent.alignment import AlignmentFailed, align_records
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
-from hospital_agent.data import DataProblem, LocalData, load_local, prepare
+from hospital_agent.data import DataProblem, LocalData, load_local, load_vertical, prepare
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.loss_report import LossReporter
@@ -44,8 +45,10 @@ from hospital_agent.pins import PeerKeyRefused, Pins, check_own_identity
 from hospital_agent.relay import Relay
 from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
+from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
+from medsplit.data import DataSplit
 from medsplit.errors import ChannelError, ConfigError, SealError, UnknownModelError
 from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
@@ -54,6 +57,7 @@ from medsplit.protocol.handoff import export_parties
 from medsplit.protocol.keys import SignedRecipientKey
 from medsplit.protocol.roles import StepResult
 from medsplit.protocol.sealing import SealContext
+from medsplit.psi import PsiError
 from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
@@ -207,28 +211,37 @@ class TurnTaker:
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
             return None
         job, model, config = assignment.job, assignment.model(), assignment.config()
-        try:
-            data = self.data_for(model)
-        except DataProblem as e:
-            logger.error("job %s: local data cannot be used: %s", job, e)
-            self.on_data_problem(str(e))
-            self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
-            return None
-        split = cached_split(model, config.cuts)
-        try:
-            start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
-        except (SealError, PeerKeyRefused) as e:
-            # Nothing was loaded; the coordinator's policy decides, with the reason.
-            logger.error("job %s: the weights to start from were refused: %s", job, e)
-            self.coordinator.report_problem(
-                job=job, turn=turn["id"], reason=f"the hand-off to start from was refused: {e}"
-            )
-            return None
-        if start is None:
-            return None
         ids = TurnIds(
             config.job, turn["round"], assignment.raw["position"], config.mode, config.codec
         )
+        vertical: VerticalTurn | None = None
+        if config.split_mode.feature_sets:
+            vertical = self.vertical_turn(assignment, turn, ids)
+            if vertical is None:
+                return None
+            # No validation split: a validation batch would need every party's features.
+            empty = DataSplit(vertical.data.images[:0], vertical.data.labels[:0])
+            split, start, data = None, vertical.start, LocalData(vertical.data, empty)
+        else:
+            try:
+                data = self.data_for(model)
+            except DataProblem as e:
+                logger.error("job %s: local data cannot be used: %s", job, e)
+                self.on_data_problem(str(e))
+                self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
+                return None
+            split = cached_split(model, config.cuts)
+            try:
+                start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
+            except (SealError, PeerKeyRefused) as e:
+                # Nothing was loaded; the coordinator's policy decides, with the reason.
+                logger.error("job %s: the weights to start from were refused: %s", job, e)
+                self.coordinator.report_problem(
+                    job=job, turn=turn["id"], reason=f"the hand-off to start from was refused: {e}"
+                )
+                return None
+            if start is None:
+                return None
         folder = self.jobs_dir(job) / f"round-{turn['round']}-position-{ids.position}"
         bar = tqdm(total=None, desc=f"job {job} round {turn['round']}", unit="step", leave=False)
         reporter: LossReporter | None = None
@@ -243,8 +256,8 @@ class TurnTaker:
             ids=ids,
             channel=self.relay.channel(),
             streams=assignment.relay_keys.streams(config.job, self.me),
-            split=split,
-            parties=lambda: client_parties(split, config),
+            split=split,  # type: ignore[arg-type]
+            parties=vertical.parties if vertical else lambda: client_parties(split, config),
             start=start,
             config=config,
             train=data.train,
@@ -257,11 +270,14 @@ class TurnTaker:
             limits=turn_limits(
                 config, num_classes=model.num_classes, train=len(data.train), val=len(data.val)
             ),
+            role=vertical.role if vertical else None,
+            batches=vertical.batches if vertical else None,
         )
         bar.total = client.train_steps
         # Where the loss is computed here, only this agent can tell the dashboard.
         mode = require_mode(config.mode, setting=EXTRA_MODES_SETTING)
-        if self.config.report_loss and mode.labels == Side.HOSPITAL:
+        holds_loss = mode.labels == Side.HOSPITAL and (vertical is None or vertical.label_party)
+        if self.config.report_loss and holds_loss:
             reporter = LossReporter(
                 self.coordinator, job=job, turn=turn["id"], last_step=client.train_steps
             )
@@ -287,6 +303,62 @@ class TurnTaker:
         if outcome == ClientOutcome.COMPLETED:
             self.hand_on(assignment, self.current_turn(assignment, turn), client.state())
         return outcome
+
+    def vertical_turn(
+        self, assignment: Assignment, turn: dict[str, Any], ids: TurnIds
+    ) -> VerticalTurn | None:
+        """A vertical party's turn: its records read and aligned with the other parties'
+        (once per job: kept in its folder), its share of the model; ``None``, the
+        problem reported to the coordinator, when it cannot start."""
+        model, config = assignment.model(), assignment.config()
+        try:
+            records = load_vertical(
+                self.config.data,
+                input_shape=model.input_shape if self.config.data.kind != "table" else None,
+                num_classes=model.num_classes,
+            )
+            aligned = align_records(
+                relay=self.relay,
+                keys=assignment.relay_keys,
+                coordinator=self.coordinator,
+                job=assignment.job,
+                me=self.me,
+                participants=assignment.raw["participants"],
+                records=records,
+                seed=config.seed,
+                minimum=int(config.mode_options["min_records"]),
+                identity=self.identity,
+                pins=self.pins,
+                job_keys=self.job_keys,
+                folder=self.jobs_dir(assignment.job),
+                timeout=self.config.reply_timeout,
+                stopping=self.stopping,
+            )
+            return vertical_turn(
+                config=config,
+                job_model=model,
+                participants=assignment.raw["participants"],
+                me=self.me,
+                position=ids.position,
+                round_index=ids.round,
+                alignment=aligned.alignment,
+                features=aligned.features,
+                labels=aligned.labels,
+                own_state=self.jobs_dir(assignment.job) / "state.safetensors",
+            )
+        except (
+            DataProblem,
+            PsiError,
+            AlignmentFailed,
+            SealError,
+            PeerKeyRefused,
+            ChannelError,
+        ) as e:
+            logger.error("job %s: this party's records cannot be aligned or used: %s", ids.job, e)
+            if isinstance(e, DataProblem):
+                self.on_data_problem(str(e))
+            self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
+            return None
 
     def current_turn(self, assignment: Assignment, turn: dict[str, Any]) -> dict[str, Any]:
         """The attempt of ``turn``'s place (round, position) that the coordinator holds now.

@@ -83,6 +83,7 @@ def test_models_lists_the_registry(admin, olga) -> None:
             "vanilla": ["pool1"],
             "ushaped": ["pool1", "pool"],
             "splitfed": ["pool1"],
+            "vertical": ["pool1", "pool"],
         }
 
 
@@ -99,9 +100,16 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
         response = client.get("/api/modes/")
         assert response.status_code == 200, response.content
         modes = {m["name"]: m for m in response.json()}
-        assert list(modes) == ["vanilla", "ushaped", "splitfed"]
+        assert list(modes) == ["vanilla", "ushaped", "splitfed", "vertical"]
         # Described with its default options (SFLV1), which the platform runs.
         assert modes["splitfed"]["runs_on_platform"] is True
+        # Vertical: its joins and label placements (min_records, without choices, keeps
+        # its default in each).
+        vertical = modes["vertical"]
+        assert [o["name"] for o in vertical["options"]] == ["join", "labels", "min_records"]
+        assert [sorted(c["options"]) for c in vertical["configurations"]] == [
+            ["join", "labels"]
+        ] * 6
         assert modes["vanilla"] == {
             "name": "vanilla",
             "title": "Vanilla",
