@@ -15,9 +15,10 @@ client role under this mode's name; a passive party's is :class:`VerticalFront`;
 server's step waits for every party's frame (:class:`VerticalServer`, built by
 :meth:`VerticalMode.joint_server_role`), so there is no one-stream server role.
 
-Runs in process (:mod:`medsplit.training.vertical_job`); the platform does not run it
-yet (``runs_on_platform`` is false: the worker's joint step and the alignment over the
-relay are still to come).
+Runs in process (:mod:`medsplit.training.vertical_job`) and on the platform: the agents
+align their records over the relay (``hospital_agent/alignment.py``), every party's turn
+of a round runs at once, and one worker task joins their steps
+(:mod:`medsplit.turns.joint`, ``workers/group_runner.py``).
 """
 
 from __future__ import annotations
@@ -123,7 +124,6 @@ class VerticalMode(SplitMode):
     server_segment = 1
     feature_sets = True
     hands_on = False
-    runs_on_platform = False
 
     def __init__(
         self,

@@ -348,9 +348,11 @@ class Agents:
         prefix: dict[int, list[str]] | None = None,
         coordinator: dict[int, str] | None = None,
         extra: dict[str, str] | None = None,
+        own: dict[int, dict[str, str]] | None = None,
     ) -> Agents:
         """Register ``count`` hospitals and start an agent for each (agent ``i`` under
-        ``prefix[i]``, e.g. ``ip netns exec NAME``, reaching ``coordinator[i]``)."""
+        ``prefix[i]``, e.g. ``ip netns exec NAME``, reaching ``coordinator[i]``, with its
+        own settings ``own[i]`` over the common ones)."""
         tag = uuid.uuid4().hex[:6]
         for i in range(count):
             registration = hospital_services.hospital_register(
@@ -370,6 +372,7 @@ class Agents:
                 "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "1",
                 "MEDSPLIT_AGENT_REPLY_TIMEOUT": "120",
                 **(extra or {}),
+                **(own or {}).get(i, {}),
             }
             self.start(i, (prefix or {}).get(i, []))
         wait_until(

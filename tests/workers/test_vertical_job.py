@@ -1,0 +1,177 @@
+"""Vertical split learning through the platform, with real processes: the coordinator (a
+live server), the real Redis with a user per hospital, a Celery worker and beat, and two
+agent processes holding different halves of the same patients' images.
+
+The agents align their records by private set intersection over the relay (the label
+party, the first participant, as the client), the coordinator compares their digests,
+then every round both parties' turns run at once and one worker task joins their steps.
+The job's result (each party's own final weights and the job's top segment) equals, bit
+for bit (``torch.equal``), the unsplit multi-input model trained on the same aligned
+batches; no hospital handed its weights to another, and no identifier reached the
+coordinator or the audit log.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hospital_agent.data import DataSource, load_vertical
+from medsplit.data import synthetic_split
+from medsplit.protocol.handoff import import_parties
+from medsplit.protocol.party import Party
+from medsplit.psi import Alignment, common_order
+from medsplit.training.verify import deterministic
+from medsplit.training.vertical_model import image_parts, train_vertical_unsplit
+from medsplit.training.vertical_parts import (
+    aligned_split,
+    job_vertical_model,
+    party_batches,
+    party_parties,
+)
+from medsplit.turns.server import SERVER_PARTY
+from medsplit.turns.stores import read_verified
+from tests.workers.agents import Agents, audit, needs_tcp, small_job, wait_completed
+from tests.workers.processes import Processes, processes, workers_relay_user
+from training.models import HandOff, Turn
+from training.runs import checkpoint_dir
+from workers.turn_runner import job_model
+
+__all__ = ["processes"]
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+N = 96
+#: The second party lacks the first ten patients and lists the rest in its own order.
+MISSING = 10
+
+
+@pytest.fixture
+def consortium(live_server, settings, redis_url: str) -> str:
+    needs_tcp(redis_url)
+    settings.MEDSPLIT = {
+        **settings.MEDSPLIT,
+        "REDIS_URL": redis_url,
+        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+    }
+    from django.core.cache import cache
+
+    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
+    return live_server.url
+
+
+def _write_party(folder: Path, name: str, images: torch.Tensor, labels, ids) -> dict[str, str]:
+    """A MedMNIST-format archive of ``images`` and a CSV of their identifiers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / f"{name}.npz"
+    pixels = (images[:, 0] * 255).round().to(torch.uint8).numpy()
+    np.savez(archive, train_images=pixels, train_labels=np.asarray(labels).reshape(-1, 1))
+    with open(folder / f"{name}-ids.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id"])
+        writer.writerows([i] for i in ids)
+    return {
+        "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
+        "MEDSPLIT_AGENT_DATA_PATH": str(archive),
+        "MEDSPLIT_AGENT_DATA_IDENTIFIERS_CSV": str(folder / f"{name}-ids.csv"),
+    }
+
+
+def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
+    processes: Processes, consortium: str, redis_url: str, tmp_path: Path, admin_actor
+) -> None:
+    data = synthetic_split(N, shape=(1, 28, 28), seed=4)
+    left, right = image_parts(data.images, 2)
+    ids = [f"patient-{i:04d}" for i in range(N)]
+    order = list(range(MISSING, N))
+    random.Random(1).shuffle(order)
+    own = {
+        0: _write_party(tmp_path / "data", "label", left, data.labels.numpy(), ids),
+        1: _write_party(
+            tmp_path / "data",
+            "passive",
+            right[order],
+            np.zeros(len(order), dtype=np.int64),
+            [ids[i] for i in order],
+        ),
+    }
+    agents = Agents(processes, consortium, tmp_path).enrol(admin_actor, 2, own=own)
+    with workers_relay_user(redis_url, processes):
+        processes.celery_worker("worker-a")
+        processes.celery_beat()
+        job = small_job(
+            admin_actor,
+            agents.hospitals,
+            mode="vertical",
+            mode_options={"join": "sum", "labels": "hospital", "min_records": 10},
+            cuts=["pool1", "pool"],
+            rounds=2,
+            max_steps_per_turn=3,
+        )
+        wait_completed(processes, job, agents, 300)
+
+    turns = sorted(Turn.objects.filter(job=job), key=lambda t: (t.round_id, t.position))
+    assert [t.status for t in turns] == ["completed"] * 4
+    assert turns[1].started_at < turns[0].finished_at, "the round's two turns ran at once"
+    assert not HandOff.objects.filter(job=job).exists(), "a party handed its weights on"
+    agreed = audit(job, "alignment.agreed")
+    assert [e.details for e in agreed] == [{"size": N - MISSING}]
+    job.refresh_from_db()
+    assert job.alignment.status == "agreed" and job.alignment.size == N - MISSING
+    assert not any("patient-" in str(e.details) for e in audit(job)), "an identifier leaked"
+
+    # The reference: the unsplit multi-input model over the same aligned batches.
+    config = job.training_config()
+    participants = tuple(h.slug for h in agents.hospitals)
+    model = job_vertical_model(job_model(job), config, participants)
+    shared = set(ids[MISSING:])
+    alignment = Alignment(common_order(tuple(shared), seed=config.seed), config.seed)
+    rows = {}
+    for i, hospital in enumerate(agents.hospitals):
+        env = own[i]
+        records = load_vertical(
+            DataSource(
+                kind="medmnist",
+                path=env["MEDSPLIT_AGENT_DATA_PATH"],
+                identifiers_csv=env["MEDSPLIT_AGENT_DATA_IDENTIFIERS_CSV"],
+            ),
+            input_shape=(1, 28, 28),
+            num_classes=2,
+        )
+        index = torch.tensor(alignment.positions(records.identifiers, source=hospital.slug))
+        labels = records.labels[index] if i == 0 else None
+        rows[hospital.slug] = aligned_split(records.features[index], labels)
+
+    def batches():
+        for round_ in range(config.rounds):
+            steps = [
+                party_batches(config, alignment, rows[p], round_=round_, position=0)
+                for p in participants
+            ]
+            for per_party in zip(*steps, strict=True):
+                yield {p: b.x for p, b in zip(participants, per_party, strict=True)}, per_party[0].y
+
+    with deterministic():
+        want = train_vertical_unsplit(model, batches(), config).state_dict()
+    top = Party.create(copy.deepcopy(model.top), config.server_optimizer)
+    row = job.server_checkpoint
+    assert (row.round_index, row.position, row.step) == (2, 0, 0), "the last round's end"
+    import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: top})
+    got = {f"top.{k}": v for k, v in top.module.state_dict().items()}
+    for i, slug in enumerate(participants):
+        parties = party_parties(model, config, slug)
+        import_parties(agents.final(job, i).read_bytes(), parties)
+        got.update(
+            {f"fronts.{slug}.{k}": v for k, v in parties["front"].module.state_dict().items()}
+        )
+        if "head" in parties:
+            got.update({f"head.{k}": v for k, v in parties["head"].module.state_dict().items()})
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), f"{name} differs from the unsplit model"
