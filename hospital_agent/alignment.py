@@ -42,10 +42,9 @@ from hospital_agent.identity import write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.pins import Pins
 from hospital_agent.relay import Relay
+from hospital_agent.sealed_mail import MailUnavailable, SealedMail
 from medsplit.channel import RelayKeys
 from medsplit.errors import MedSplitError
-from medsplit.protocol.keys import SignedRecipientKey
-from medsplit.protocol.sealing import SealContext, seal, unseal
 from medsplit.psi import Alignment, PsiClient, PsiServer
 from medsplit.psi.alignment import common_order
 from medsplit.psi.errors import DigestMismatch, IntersectionTooSmall, PsiError, PsiMessageError
@@ -70,8 +69,6 @@ PSI_TOPIC = "psi"
 ALIGNMENT_TOPIC = "alignment"
 #: The kept alignment in the job's folder.
 ALIGNMENT_FILE = "alignment.bin"
-#: How long the mail stays on the relay (a job may wait for its parties that long).
-MAIL_TTL_SECONDS = 7 * 24 * 3600
 REPLY_MAGIC = b"MSPSIREPLY1"
 #: The most PSI requests a party answers in one alignment: a restarted label party sends
 #: a fresh one, but each answer tells the intersection with whatever set it was made of.
@@ -228,6 +225,16 @@ class _Side:
         self.label = names[0]
         self.by_name = {str(p["hospital"]): p for p in self.participants}
         self.path = self.folder / ALIGNMENT_FILE
+        self.mail = SealedMail(
+            relay=self.relay,
+            keys=self.keys,
+            job=self.job,
+            me=self.me,
+            participants=self.participants,
+            identity=self.identity,
+            pins=self.pins,
+            job_keys=self.job_keys,
+        )
 
     # -- the whole run ------------------------------------------------------------------
 
@@ -409,53 +416,20 @@ class _Side:
         """The PSI session of the label party and ``other``: from the schedule only."""
         return f"{self.job_name}/psi/{self.label}/{other}"
 
-    def _context(self, sender: str, recipient: str, purpose: str) -> SealContext:
-        return SealContext(
-            job=self.job_name, round=0, sender=sender, recipient=recipient, purpose=purpose
-        )
-
     def _send(self, recipient: str, topic: str, purpose: str, data: bytes) -> None:
-        participant = self.by_name[recipient]
-        if not participant.get("recipient_key"):
-            raise AlignmentFailed(
-                f"job {self.job}: {recipient} has not published its per-job key yet; "
-                "nothing can be sealed for it (it publishes one as soon as it sees the job)"
-            )
-        signed = SignedRecipientKey.from_json(
-            job=self.job_name, hospital=recipient, data=participant["recipient_key"]
-        )
-        blob = seal(
-            data,
-            sender=self.identity,
-            recipient=signed,
-            recipient_identity=self.pins.identity(participant),
-            context=self._context(self.me, recipient, purpose),
-        )
-        self.relay.put_mail(
-            keys=self.keys,
-            job=self.job_name,
-            recipient=recipient,
-            topic=topic,
-            blob=blob,
-            ttl=MAIL_TTL_SECONDS,
-        )
+        try:
+            self.mail.send(recipient, topic, purpose, data)
+        except MailUnavailable as e:
+            raise AlignmentFailed(str(e)) from e
 
     def _mail(self, sender: str, topic: str) -> bytes | None:
-        return self.relay.get_mail(keys=self.keys, job=self.job_name, sender=sender, topic=topic)
+        return self.mail.get(sender, topic)
 
     def _open(self, sender: str, purpose: str, blob: bytes) -> bytes:
-        key = self.job_keys.load(self.job)
-        if key is None:
-            raise AlignmentFailed(
-                f"job {self.job}: this agent holds no per-job key; it cannot open what "
-                f"{sender} sealed for it"
-            )
-        return unseal(
-            blob,
-            recipient=key,
-            sender=self.pins.identity(self.by_name[sender]),
-            context=self._context(sender, self.me, purpose),
-        )
+        try:
+            return self.mail.open(sender, purpose, blob)
+        except MailUnavailable as e:
+            raise AlignmentFailed(str(e)) from e
 
     def _collect(
         self,

@@ -240,7 +240,14 @@ def test_a_party_cannot_forge_another_partys_reply(consortium) -> None:
 def test_a_different_digest_at_the_coordinator_fails_the_job_before_training(
     make_job, three_hospitals
 ) -> None:
-    job = services.job_start(job=make_job(state="scheduled"))
+    job = services.job_start(
+        job=make_job(
+            state="scheduled",
+            mode="vertical",
+            cuts=["pool1", "pool"],
+            mode_options={"min_records": 10},
+        )
+    )
     running = Turn.objects.filter(job=job, status=Turn.Status.RUNNING)
     a, b, c = three_hospitals
     for hospital, digest in ((a, "11" * 32), (b, "11" * 32), (c, "66" * 32)):

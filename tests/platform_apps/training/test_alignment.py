@@ -18,16 +18,22 @@ DIGEST = "ab" * 32
 OTHER = "cd" * 32
 
 
-def running(make_job, minimum: int | None = 5) -> Job:
-    job = services.job_start(job=make_job(state="scheduled"))
-    if minimum is not None:
-        options = {**job.description.get("mode_options", {}), "min_records": minimum}
-        Job.objects.filter(pk=job.pk).update(
-            description={**job.description, "mode_options": options}
+def running(make_job, minimum: int | None = 10) -> Job:
+    """A running vertical job (its minimum intersection ``minimum``, or the mode's)."""
+    options = {} if minimum is None else {"min_records": minimum}
+    job = services.job_start(
+        job=make_job(
+            state="scheduled", mode="vertical", cuts=["pool1", "pool"], mode_options=options
         )
-        job.refresh_from_db()
+    )
     assert job.state == JobState.RUNNING
     return job
+
+
+def test_a_job_of_another_mode_aligns_nothing(make_job, three_hospitals) -> None:
+    job = services.job_start(job=make_job(state="scheduled"))
+    with pytest.raises(InvalidInput, match="aligns no records"):
+        report(job, three_hospitals[0])
 
 
 def report(job: Job, hospital, digest: str = DIGEST, size: int = 40) -> JobAlignment:
@@ -142,7 +148,7 @@ def test_the_job_serves_its_alignment_state(
         "size": 40,
         "reported": 3,
         "parties": 3,
-        "minimum": 5,
+        "minimum": 10,
         "reason": "",
     }
     assert DIGEST not in str(body)
