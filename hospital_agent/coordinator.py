@@ -192,6 +192,14 @@ class Coordinator:
         ``size`` and ``reason``."""
         return self._call("GET", f"/api/agent/assignments/{job}/alignment/")
 
+    def report_leakage(
+        self, *, job: int, round_index: int, parties: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The label party's label-leakage audit of a round: each passive party's records
+        scored and the attacks' AUCs (never a score, gradient or label)."""
+        body = {"round": round_index, "parties": parties}
+        return self._call("POST", f"/api/agent/assignments/{job}/leakage/", json=body)
+
     def report_loss(self, *, job: int, turn: int, step: int, loss: float) -> dict[str, Any]:
         """The hospital's own training loss at ``step`` of its running turn (modes whose
         loss is computed at the hospital). Tried for a couple of seconds only: a late

@@ -40,16 +40,18 @@ from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefus
 from hospital_agent.data import DataProblem, LocalData, load_local, load_vertical, prepare
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
+from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
 from hospital_agent.loss_report import LossReporter
 from hospital_agent.pins import PeerKeyRefused, Pins, check_own_identity
 from hospital_agent.relay import Relay
+from hospital_agent.sealed_mail import SealedMail
 from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
 from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
-from medsplit.errors import ChannelError, ConfigError, SealError, UnknownModelError
+from medsplit.errors import ChannelError, ConfigError, MedSplitError, SealError, UnknownModelError
 from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
@@ -62,6 +64,7 @@ from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties
+from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
 logger = logging.getLogger(__name__)
@@ -246,11 +249,17 @@ class TurnTaker:
         bar = tqdm(total=None, desc=f"job {job} round {turn['round']}", unit="step", leave=False)
         reporter: LossReporter | None = None
 
+        # A passive party of a vertical job scores what it received, as an attacker would.
+        scores = RoundScores(ids.round) if vertical and not vertical.label_party else None
+
         def on_step(result: StepResult) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.4f}")
             if reporter is not None:
                 reporter.saw(result.ids.step + 1, result.loss)
+            received = getattr(client.role, "received", None)
+            if scores is not None and received is not None:
+                scores.saw(result.ids.step, received)
 
         client = TurnClient(
             ids=ids,
@@ -302,7 +311,74 @@ class TurnTaker:
             self.on_status("idle")
         if outcome == ClientOutcome.COMPLETED:
             self.hand_on(assignment, self.current_turn(assignment, turn), client.state())
+            if vertical is not None:
+                self.audit_leakage(assignment, vertical, ids, scores)
         return outcome
+
+    def audit_leakage(
+        self,
+        assignment: Assignment,
+        vertical: VerticalTurn,
+        ids: TurnIds,
+        scores: RoundScores | None,
+    ) -> None:
+        """After a vertical round: a passive party seals its scores for the label party;
+        the label party scores them against its labels and reports the AUCs. The audit
+        never holds training up: a failure is logged, and the job goes on."""
+        order = participants_in_order(assignment.raw["participants"])
+        mail = self.sealed_mail(assignment)
+        try:
+            if scores is not None:
+                send_scores(mail, label_party=order[0], scores=scores)
+                return
+            labels = {b.ids.step: b.y for b in vertical.batches(ids.round)}
+            found = collect_leakage(
+                mail,
+                passive=order[1:],
+                round_=ids.round,
+                labels=labels,
+                timeout=self.config.reply_timeout,
+                stopping=self.stopping,
+            )
+            missing = sorted(set(order[1:]) - set(found))
+            if missing:
+                logger.warning(
+                    "job %s round %s: no label-leakage scores from %s in time",
+                    assignment.job,
+                    ids.round,
+                    ", ".join(missing),
+                )
+            if found:
+                self.coordinator.report_leakage(
+                    job=assignment.job, round_index=ids.round, parties=found
+                )
+                for party, report in found.items():
+                    logger.info(
+                        "job %s round %s: label leakage through %s's gradients: norm attack "
+                        "AUC %s, cosine attack AUC %s (0.5 is chance)",
+                        assignment.job,
+                        ids.round,
+                        party,
+                        report["norm_auc"],
+                        report["cosine_auc"],
+                    )
+        except (MedSplitError, CoordinatorError) as e:
+            logger.warning(
+                "job %s round %s: the label-leakage audit failed: %s", assignment.job, ids.round, e
+            )
+
+    def sealed_mail(self, assignment: Assignment) -> SealedMail:
+        """Sealed blobs between this hospital and the job's other participants."""
+        return SealedMail(
+            relay=self.relay,
+            keys=assignment.relay_keys,
+            job=assignment.job,
+            me=self.me,
+            participants=assignment.raw["participants"],
+            identity=self.identity,
+            pins=self.pins,
+            job_keys=self.job_keys,
+        )
 
     def vertical_turn(
         self, assignment: Assignment, turn: dict[str, Any], ids: TurnIds

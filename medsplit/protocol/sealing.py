@@ -82,13 +82,24 @@ LEGACY_VERSION = 1
 """Static X25519 keys (MedSplit before per-job keys): recognised only to say so."""
 
 PURPOSES = frozenset(
-    {"handoff", "final", "secagg-pair", "secagg-group", "psi-request", "psi-reply", "alignment"}
+    {
+        "handoff",
+        "final",
+        "secagg-pair",
+        "secagg-group",
+        "psi-request",
+        "psi-reply",
+        "alignment",
+        "leakage-scores",
+    }
 )
 """``handoff``: state passed to the next hospital; ``final``: the weights every participant
 receives at the end of a job; ``secagg-pair`` and ``secagg-group``: a pairwise mask seed
 and the group mask key of secure aggregation (:mod:`medsplit.secagg.masks`);
 ``psi-request``, ``psi-reply`` and ``alignment``: a vertical job's record alignment, its
-PSI messages and the K-way intersection handed on (``hospital_agent/alignment.py``)."""
+PSI messages and the K-way intersection handed on (``hospital_agent/alignment.py``);
+``leakage-scores``: a passive party's label-leakage scores for the label party
+(``hospital_agent/leakage.py``)."""
 
 SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 """The HPKE suite of every blob."""

@@ -370,3 +370,32 @@ class JobAlignment(models.Model):
 
     def __str__(self) -> str:
         return f"alignment of job {self.job_id} ({self.status})"
+
+
+class LabelLeakage(models.Model):
+    """A vertical job's label-leakage audit of one round and one passive party, as the
+    label party reported it (``training/leakage.py``): how well the norm and the cosine
+    attacks (Li et al., ICLR 2022) guess the labels from the gradients that party
+    received. Four numbers; no score, gradient or label reaches the coordinator."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="label_leakage")
+    round_index = models.PositiveIntegerField()
+    # The passive party whose received gradients were scored.
+    hospital = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
+    records = models.PositiveIntegerField()
+    # ROC AUC of each attack's scores against the labels; null where the labels are not
+    # binary with both classes present (the attacks are defined for binary labels).
+    norm_auc = models.FloatField(null=True, blank=True)
+    cosine_auc = models.FloatField(null=True, blank=True)
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "round_index", "hospital"], name="one_leakage_per_round_and_party"
+            )
+        ]
+        ordering = ["round_index", "hospital_id"]
+
+    def __str__(self) -> str:
+        return f"label leakage of job {self.job_id} round {self.round_index}"

@@ -39,7 +39,7 @@ from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
 from tests.workers.agents import Agents, audit, needs_tcp, small_job, wait_completed
 from tests.workers.processes import Processes, processes, workers_relay_user
-from training.models import HandOff, Turn
+from training.models import HandOff, LabelLeakage, Turn
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
@@ -125,6 +125,15 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     job.refresh_from_db()
     assert job.alignment.status == "agreed" and job.alignment.size == N - MISSING
     assert not any("patient-" in str(e.details) for e in audit(job)), "an identifier leaked"
+    # The label-leakage audit: the passive party's scores, sealed for the label party,
+    # scored against its labels each round; the coordinator holds the AUCs only.
+    leakage = LabelLeakage.objects.filter(job=job).order_by("round_index")
+    assert [(r.round_index, r.hospital_id, r.records) for r in leakage] == [
+        (0, agents.hospitals[1].pk, 48),
+        (1, agents.hospitals[1].pk, 48),
+    ]
+    assert all(0.0 <= r.norm_auc <= 1.0 and 0.0 <= r.cosine_auc <= 1.0 for r in leakage)
+    assert len(audit(job, "leakage.reported")) == 2
 
     # The reference: the unsplit multi-input model over the same aligned batches.
     config = job.training_config()

@@ -17,6 +17,7 @@ from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from medsplit.training.description import FORMAT, JobDescription
 from training.alignment import alignment_summary
+from training.leakage import leakage_summary
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.plan import TurnStart, job_result, turn_start
 from training.states import JobState
@@ -145,6 +146,11 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="its record alignment (jobs whose parties align records, once one "
         "reported): status, the intersection's size and minimum; never a digest"
     )
+    label_leakage = serializers.SerializerMethodField(
+        help_text="its label-leakage audit (jobs with passive parties): per round and "
+        "passive party, the records scored and the norm and cosine attacks' ROC AUC against "
+        "the labels (0.5 is chance; 1.0 or 0.0 recovers every label)"
+    )
 
     class Meta:
         model = Job
@@ -164,6 +170,7 @@ class JobSerializer(serializers.ModelSerializer):
             "participants",
             "aggregations",
             "alignment",
+            "label_leakage",
             "current_round",
             "created_by",
             "created_at",
@@ -185,6 +192,10 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field(AlignmentStateSerializer(allow_null=True))
     def get_alignment(self, job: Job) -> dict | None:
         return alignment_summary(job)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_label_leakage(self, job: Job) -> list[dict]:
+        return leakage_summary(job)
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)

@@ -71,6 +71,11 @@ urlpatterns = [
         name="agent-alignment",
     ),
     path(
+        "agent/assignments/<int:job_id>/leakage/",
+        views.AgentLeakageView.as_view(),
+        name="agent-leakage",
+    ),
+    path(
         "agent/assignments/<int:job_id>/problems/",
         views.AgentProblemView.as_view(),
         name="agent-problems",

@@ -43,6 +43,7 @@ from training.api.serializers import (
     TransitionInputSerializer,
     TurnSerializer,
 )
+from training.leakage import leakage_report
 from training.models import Job, MetricPoint, Turn
 from training.states import JobState
 from training.validation import (
@@ -478,6 +479,43 @@ class AgentAlignmentView(APIView):
     def get(self, request: Request, job_id: int) -> Response:
         state = alignment_get(actor=_actor(request), job_id=job_id)
         return Response(AlignmentStateSerializer(state).data)
+
+
+class LeakageInputSerializer(StrictSerializer):
+    round = StrictIntegerField(min_value=0, help_text="the round the audit scored")
+    parties = serializers.DictField(
+        child=serializers.DictField(),
+        help_text="by passive party: records, norm_auc and cosine_auc (each in [0, 1] or null)",
+    )
+
+
+@extend_schema(tags=["agent"])
+class AgentLeakageView(APIView):
+    @extend_schema(
+        summary="The label party's label-leakage audit of a round: each passive party's "
+        "attack AUCs against the labels (four numbers; no score, gradient or label)",
+        request=LeakageInputSerializer,
+        responses={200: serializers.ListField(child=serializers.DictField())},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "report a label-leakage audit")
+        data = _valid(LeakageInputSerializer, request)
+        rows = leakage_report(
+            actor=actor, job_id=job_id, round_index=data["round"], parties=data["parties"]
+        )
+        return Response(
+            [
+                {
+                    "round": r.round_index,
+                    "hospital": r.hospital.slug,
+                    "records": r.records,
+                    "norm_auc": r.norm_auc,
+                    "cosine_auc": r.cosine_auc,
+                }
+                for r in rows
+            ]
+        )
 
 
 @extend_schema(tags=["agent"])
