@@ -50,7 +50,7 @@ def parallel_turns(mode_name: str, hospitals: int) -> int:
     from medsplit.modes import GroupServer, get_mode
 
     mode = get_mode(mode_name)
-    if mode.group_server() == GroupServer.SHARED:
+    if mode.group_server() in (GroupServer.SHARED, GroupServer.JOINT):
         return 1  # one task serves the whole group
     return max(len(group) for group in mode.plan_round(list(range(hospitals))))
 
@@ -228,6 +228,33 @@ def thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
         )
         paths.append(path)
     return paths
+
+
+def bands(dataset: Dataset, work: WorkDir) -> list[dict[str, str]]:
+    """Vertical modes: three parties holding different parts of the same patients' images
+    (a band of columns each), each missing a different tenth of them, with an identifier
+    per image; the first holds the labels. The agents' data settings of each."""
+    from medsplit.training.vertical_simulate import vertical_records
+
+    names = [f"hospital-{i}" for i in range(3)]
+    settings = []
+    for party in vertical_records(dataset.train, names):
+        path = work.entry(f"{party.name}.npz")
+        # A passive party holds no labels; the archive's format wants a column of them.
+        labels = np.zeros(len(party.features), np.int64)
+        if party.labels is not None:
+            labels = party.labels.numpy()
+        np.savez(path, train_images=_uint8(party.features), train_labels=labels)
+        ids = work.entry(f"{party.name}-ids.csv")
+        ids.write_text("id\n" + "".join(f"{i}\n" for i in party.identifiers))
+        settings.append(
+            {
+                "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
+                "MEDSPLIT_AGENT_DATA_PATH": str(path),
+                "MEDSPLIT_AGENT_DATA_IDENTIFIERS_CSV": str(ids),
+            }
+        )
+    return settings
 
 
 # -- processes and Redis -----------------------------------------------------------------
@@ -490,7 +517,14 @@ def run(
     schedule = work.entry("scheduler")
     schedule.mkdir(exist_ok=True)
     children.start("scheduler", [*celery, "beat", "-s", str(schedule / "beat"), "-l", "INFO"])
-    files = thirds(dataset, work)
+    vertical = get_mode(args.mode).feature_sets
+    if vertical:
+        data_settings = bands(dataset, work)
+    else:
+        data_settings = [
+            {"MEDSPLIT_AGENT_DATA_KIND": "medmnist", "MEDSPLIT_AGENT_DATA_PATH": str(path)}
+            for path in thirds(dataset, work)
+        ]
     hospitals = []
     for i, name in enumerate(HOSPITALS):
         registration = hospital_services.hospital_register(actor=actor, name=name)
@@ -500,8 +534,7 @@ def run(
             "MEDSPLIT_AGENT_COORDINATOR_URL": base,
             "MEDSPLIT_AGENT_WORK_DIR": str(work.entry(f"agent-{i}")),
             "MEDSPLIT_AGENT_ENROLMENT_CODE": registration.enrolment_code.plaintext,
-            "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
-            "MEDSPLIT_AGENT_DATA_PATH": str(files[i]),
+            **data_settings[i],
             "MEDSPLIT_AGENT_POLL_SECONDS": "2",
             "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "2",
         }
@@ -517,10 +550,17 @@ def run(
         cuts=tuple(cuts), mode=args.mode, batch_size=args.batch_size,
         local_epochs=args.local_epochs, rounds=args.rounds,
     )  # fmt: skip
-    per_round = sum(
-        turn_length(probe, int(h.dataset_summary["split_sizes"]["train"]))
-        for h in Hospital.objects.filter(pk__in=[h.pk for h in hospitals])
-    )
+    if vertical:
+        # Every party takes every step, over the records all of them hold.
+        from medsplit.training.vertical_simulate import MISSING_SHARE
+
+        records = len(dataset.train.labels)
+        per_round = turn_length(probe, records - 3 * int(records * MISSING_SHARE))
+    else:
+        per_round = sum(
+            turn_length(probe, int(h.dataset_summary["split_sizes"]["train"]))
+            for h in Hospital.objects.filter(pk__in=[h.pk for h in hospitals])
+        )
     total_steps = max(1, args.rounds * per_round)
     optimizer = {"name": "adam", "lr": args.lr, "schedule": "cosine", "total_steps": total_steps}
     job = services.job_create(
@@ -571,12 +611,19 @@ def run(
         if not args.exit_when_done:
             say(f"the dashboard stays up: {sign_in_again}")
         return 1
-    final = work.path / "agent-0" / "jobs" / f"job-{job.pk}" / "final.safetensors"
-    while not final.exists():
+    finals = [
+        work.path / f"agent-{i}" / "jobs" / f"job-{job.pk}" / "final.safetensors"
+        for i in range(len(hospitals) if vertical else 1)
+    ]
+    while not all(final.exists() for final in finals):
         children.check()
         time.sleep(0.5)
     trained = time.monotonic() - started
-    accuracy, auc = test_metrics(Job.objects.get(pk=job.pk), final, dataset)
+    done = Job.objects.get(pk=job.pk)
+    if vertical:
+        accuracy, auc = vertical_test_metrics(done, finals, hospitals, dataset)
+    else:
+        accuracy, auc = test_metrics(done, finals[0], dataset)
     from medsplit.training.evaluate import majority_baseline
 
     baseline = majority_baseline(dataset.train.labels, dataset.test.labels)
@@ -620,6 +667,40 @@ def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
     if "head" in clients:
         segments.append(clients["head"].module)
     metrics = score(segments, test)
+    return metrics["val_accuracy"], metrics.get("val_auc", float("nan"))
+
+
+def vertical_test_metrics(
+    job, finals: list[Path], hospitals, dataset: Dataset
+) -> tuple[float, float]:
+    """Accuracy and AUC of a vertical job's model on the test split, each party's band of
+    every test image through its own front (the demo holds every party's weights on this
+    one machine; a real consortium never does)."""
+    import copy
+
+    from medsplit.protocol.handoff import import_parties
+    from medsplit.protocol.party import Party
+    from medsplit.training.vertical_job import score_vertical
+    from medsplit.training.vertical_model import assemble, image_parts
+    from medsplit.training.vertical_parts import job_vertical_model, party_parties
+    from medsplit.turns.server import SERVER_PARTY
+    from medsplit.turns.stores import read_verified
+    from training.runs import checkpoint_dir
+    from workers.turn_runner import job_model
+
+    config = job.training_config()
+    names = tuple(h.slug for h in hospitals)
+    model = job_vertical_model(job_model(job), config, names)
+    parties = {}
+    for name, final in zip(names, finals, strict=True):
+        parties[name] = party_parties(model, config, name)
+        import_parties(final.read_bytes(), parties[name])
+    top = Party.create(copy.deepcopy(model.top), config.server_optimizer)
+    row = job.server_checkpoint
+    import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: top})
+    parties["server"] = {"top": top}
+    inputs = dict(zip(names, image_parts(dataset.test.images, len(names)), strict=True))
+    metrics = score_vertical(assemble(model, parties), inputs, dataset.test.labels)
     return metrics["val_accuracy"], metrics.get("val_auc", float("nan"))
 
 
