@@ -97,6 +97,8 @@ class ModeOption:
         default: the value a job gets when it does not say; of ``type``.
         help: one line for the people filling in a job.
         choices: the values it may take (any of its type when empty).
+        minimum: the smallest value an ``int`` or ``float`` option may take (``None``: no
+            bound).
     """
 
     name: str
@@ -104,6 +106,7 @@ class ModeOption:
     default: Any
     help: str
     choices: tuple[Any, ...] = ()
+    minimum: int | float | None = None
 
     def __post_init__(self) -> None:
         if self.type not in (int, float, str, bool):
@@ -120,6 +123,13 @@ class ModeOption:
             raise ConfigError(
                 f"option {self.name!r}: default {self.default!r} is not one of {list(self.choices)}"
             )
+        if self.minimum is not None and (
+            self.type not in (int, float) or self.default < self.minimum
+        ):
+            raise ConfigError(
+                f"option {self.name!r}: a minimum needs an int or float option whose default "
+                f"is at least it, got {self.default!r} and minimum {self.minimum!r}"
+            )
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not a value of this option, in words; ``None`` if it is."""
@@ -132,6 +142,8 @@ class ModeOption:
             return f"{self.name} must be a {self.type.__name__}, got {value!r}"
         if self.choices and value not in self.choices:
             return f"{self.name} must be one of {list(self.choices)}, got {value!r}"
+        if self.minimum is not None and value < self.minimum:
+            return f"{self.name} must be at least {self.minimum}, got {value!r}"
         return None
 
     def to_json(self) -> dict[str, Any]:
@@ -143,6 +155,8 @@ class ModeOption:
         }
         if self.choices:
             out["choices"] = list(self.choices)
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
         return out
 
 

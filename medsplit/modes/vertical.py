@@ -92,10 +92,9 @@ MIN_RECORDS = ModeOption(
     int,
     100,
     "the fewest records the parties must share for the job to start: aligning a "
-    "consortium on fewer could single out individual patients (at least 10)",
+    "consortium on fewer could single out individual patients",
+    minimum=10,
 )
-#: The smallest ``min_records`` a job may set.
-MIN_RECORDS_FLOOR = 10
 
 _VANILLA = VanillaMode()
 _USHAPED = UShapedMode()
@@ -146,15 +145,6 @@ class VerticalMode(SplitMode):
 
     def options(self) -> tuple[ModeOption, ...]:
         return (JOIN, LABELS_OPTION, MIN_RECORDS)
-
-    def check_options(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
-        filled = super().check_options(values)
-        if filled["min_records"] < MIN_RECORDS_FLOOR:
-            raise ConfigError(
-                f"{NAME} mode: min_records must be at least {MIN_RECORDS_FLOOR}, got "
-                f"{filled['min_records']}: so few shared records could single out patients"
-            )
-        return filled
 
     def configuration_title(self) -> str:
         where = "labels at home" if self.label_side == Side.HOSPITAL else "labels at the server"

@@ -67,10 +67,26 @@ def test_cuts_out_of_order_give_medsplits_reason(job_data) -> None:
     assert "must come after" in details["cuts"][0]
 
 
-@pytest.mark.parametrize("mode", ["vertical", "diagonal"])
-def test_a_mode_not_registered_is_refused_with_the_known_ones(job_data, mode) -> None:
-    details = refused(job_data(mode=mode))
-    assert details["mode"] == [f"unknown mode {mode!r}; known modes: vanilla, ushaped, splitfed"]
+def test_a_mode_not_registered_is_refused_with_the_known_ones(job_data) -> None:
+    details = refused(job_data(mode="diagonal"))
+    known = "vanilla, ushaped, splitfed, vertical"
+    assert details["mode"] == [f"unknown mode 'diagonal'; known modes: {known}"]
+
+
+def test_a_vertical_job_needs_two_parties_and_a_minimum_that_protects_them(
+    job_data, three_hospitals
+) -> None:
+    one = [{"hospital": three_hospitals[0].slug}]
+    details = refused(job_data(mode="vertical", cuts=["pool1", "pool"], participants=one))
+    assert "vertical mode needs two or more participants" in details["participants"][0]
+    details = refused(
+        job_data(mode="vertical", cuts=["pool1", "pool"], mode_options={"min_records": 3})
+    )
+    assert "min_records must be at least 10, got 3" in details["mode_options"][0]
+    spec = job_spec_validate(
+        data=job_data(mode="vertical", cuts=["pool1"], mode_options={"labels": "server"})
+    )
+    assert spec.description.mode_options == {"join": "sum", "labels": "server", "min_records": 100}
 
 
 def test_options_the_platform_does_not_run_yet_are_refused(job_data, monkeypatch) -> None:
@@ -253,7 +269,7 @@ def test_channels_and_dims_must_match_the_data(job_data) -> None:
 
 
 def test_every_problem_is_reported_at_once(job_data) -> None:
-    details = refused(job_data(codec="zip", batch_size=0, mode="vertical", model="alexnet"))
+    details = refused(job_data(codec="zip", batch_size=0, mode="diagonal", model="alexnet"))
     assert {"codec", "batch_size", "mode", "model"} <= set(details)
 
 
