@@ -406,10 +406,12 @@ class CountingChannel(InMemoryChannel):
         self.tally["payload"] += len(payload)
 
 
-def traffic_case(path: Path, join: str, labels: str, k: int, seed: int) -> dict[str, Any]:
+def traffic_case(
+    path: Path, join: str, labels: str, k: int, seed: int, limit: int | None = None
+) -> dict[str, Any]:
     """One epoch of a vertical job: its bytes against the analytic cost."""
     settings = Settings(epochs=1)
-    train = load_medmnist(path, "train")
+    train = training_split(path, limit, seed)
     parties = vertical_records(train, names_of(k))
     shared = len(set.intersection(*(set(p.identifiers) for p in parties)))
     config = vertical_config(
@@ -457,10 +459,15 @@ def measure_traffic(args: argparse.Namespace) -> dict[str, Any]:
     path = args.data_dir / DATASETS["breastmnist"][0]
     rows = []
     for join, labels, k in TRAFFIC_CASES:
-        row = traffic_case(path, join, labels, k, args.seeds[0])
+        row = traffic_case(path, join, labels, k, args.seeds[0], args.limit.get("breastmnist"))
         say(f"traffic {join}/{labels}/K={k}: ratio {row['ratio']:.4f}")
         rows.append(row)
-    return {"dataset": "breastmnist", "batch_size": Settings.batch_size, "rows": rows}
+    return {
+        "dataset": "breastmnist",
+        "batch_size": Settings.batch_size,
+        "train_limit": args.limit.get("breastmnist"),
+        "rows": rows,
+    }
 
 
 # -- the tables ----------------------------------------------------------------------------
@@ -619,7 +626,9 @@ def markdown_traffic(part: Mapping[str, Any]) -> str:
             ],
             rows,
         )
-        + f"\n\nOne epoch of BreastMNIST's training split as `vertical_records` deals it "
+        + "\n\nOne epoch of BreastMNIST's training split"
+        + (f" (a seeded random {part['train_limit']:,} of it)" if part.get("train_limit") else "")
+        + " as `vertical_records` deals it "
         f"(each party lacks a different 10 %), batch {part['batch_size']}, codec `none`, "
         "`small_cnn`. Analytic: 2·p·K·q·b (+ 2·p·q_h·b with the labels at home; + 8·p "
         "labels up + 4 bytes of loss down a step with the labels at the server), b = 4; "
@@ -661,7 +670,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="DATASET=N",
-        help="train accuracy's runs on a seeded random N of DATASET's training split",
+        help="train on a seeded random N of DATASET's training split (traffic too, for "
+        "breastmnist)",
     )
     parser.add_argument("--model", default=Settings.model, help="accuracy's model")
     parser.add_argument("--lr", type=float, default=Settings.lr)
