@@ -46,7 +46,8 @@ class Benchmark:
 
 
 # In the document's order. Minutes: what a full run took on the 2-core machine when quiet
-# (2026-11-30, 18 minutes in all; about 25 with bench_splitfed and bench_psi, 2026-12-01);
+# (2026-11-30, 18 minutes in all; about 25 with bench_splitfed and bench_psi, 2026-12-01;
+# bench_vertical's 9 were measured at a load of 4 to 5);
 # under other load they grow several times.
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_accuracy", 4, (), ("--seeds", "0", "--epochs", "3")),
@@ -76,6 +77,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         (),
         ("--seeds", "0", "--epochs", "2", "--repeats", "2", "--steps", "3", "--ks", "3", "5"),
     ),
+    Benchmark("bench_vertical", 9, (), ("--seeds", "0", "--epochs", "2")),
 )
 
 
