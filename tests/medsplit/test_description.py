@@ -164,7 +164,7 @@ def test_not_an_object_is_refused() -> None:
         ("input_shape", "1,28,28", "has the wrong type"),
         ("input_shape", [1, 28], "has 2 values; spatial_dims 2 takes channels and 2 sides"),
         ("input_shape", [3, 28, 28], "has 3 channel(s), not in_channels 1"),
-        ("mode", "vertical", "unknown mode 'vertical'; known modes: vanilla, ushaped"),
+        ("mode", "diagonal", "unknown mode 'diagonal'; known modes: vanilla, ushaped"),
         ("cuts", ["pool1", "pool"], "vanilla mode needs 1 cut(s), got 2: ['pool1', 'pool']"),
         ("cuts", [], "vanilla mode needs 1 cut(s), got 0"),
         ("cuts", [""], "must be a list of submodule names"),
@@ -194,7 +194,7 @@ def test_every_rule_names_its_field(name: str, value: object, reason: str) -> No
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    problems = problems_of(described(codec="zip", batch_size=0, mode="vertical", model="x"))
+    problems = problems_of(described(codec="zip", batch_size=0, mode="diagonal", model="x"))
     assert {"codec", "batch_size", "mode", "model"} == set(problems)
 
 

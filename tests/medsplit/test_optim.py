@@ -57,7 +57,7 @@ def test_schedules(schedule: str, cls: type) -> None:
     [
         ({"cuts": ("a", "b")}, "vanilla mode needs 1 cut"),
         ({"cuts": ("a",), "mode": "ushaped"}, "ushaped mode needs 2 cut"),
-        ({"cuts": ("a",), "mode": "vertical"}, "unknown mode 'vertical'; known modes: vanilla"),
+        ({"cuts": ("a",), "mode": "diagonal"}, "unknown mode 'diagonal'; known modes: vanilla"),
         ({"cuts": ("a",), "mode": "diagonal"}, "unknown mode 'diagonal'"),
         ({"cuts": ("a",), "batch_size": 0}, "batch_size"),
         ({"cuts": ("a",), "rounds": 0}, "rounds"),

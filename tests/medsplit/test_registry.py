@@ -8,11 +8,15 @@ import pytest
 import torch
 from torch import fx
 
+from medsplit.cutting import split_model
 from medsplit.data import synthetic_split
 from medsplit.errors import ConfigError, UnknownModelError
 from medsplit.models import ModelSpec, build_model, get_model_spec, model_names
 
+#: The image models (the tests below read their cut facts off fx graphs of images).
 NAMES = ["densenet121", "resnet18", "resnet34", "small_cnn", "skip_net"]
+#: The model for a table of numeric features (a vertical job's tabular party).
+TABULAR = ["tabular_mlp"]
 
 
 # --- helpers that read cut facts off a torch.fx graph (independent of medsplit.cutting) ---
@@ -63,8 +67,19 @@ def _param_count(graph: fx.GraphModule, start: int, stop: int) -> int:
 # --- names and specs ---
 
 
-def test_model_names_are_the_documented_five() -> None:
-    assert model_names() == NAMES
+def test_model_names_are_the_documented_six() -> None:
+    assert model_names() == NAMES + TABULAR
+
+
+def test_the_tabular_model_takes_a_row_of_features_and_cuts_where_one_embedding_crosses() -> None:
+    spec = get_model_spec("tabular_mlp")
+    assert spec.default_input_shape == (16,)
+    model = build_model("tabular_mlp", in_channels=7, num_classes=3, seed=0)
+    assert model(torch.zeros(4, 7)).shape == (4, 3)
+    # By default its input is its default shape's 16 columns.
+    assert build_model("tabular_mlp", seed=0)(torch.zeros(2, 16)).shape == (2, 2)
+    split = split_model(model, torch.zeros(2, 7), spec.default_cut_pair)
+    assert [[t.shape for t in b] for b in split.boundaries] == [[(64,)], [(64,)]]
 
 
 @pytest.mark.parametrize("name", NAMES)
