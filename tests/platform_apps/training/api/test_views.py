@@ -95,6 +95,26 @@ def test_models_refuse_no_role_agents_and_strangers(nora, agent_client, hospital
     assert response.json()["code"] == "not_authenticated"
 
 
+def test_model_modules_tell_consortium_admins_which_factories_the_coordinator_builds(
+    admin, olga, hal, nora
+) -> None:
+    from tests.model_modules import listed
+    from training.apps import MODEL_MODULES_SETTING
+
+    with listed(["medsplit.models", "torch.nn"], setting=MODEL_MODULES_SETTING):
+        response = admin.get("/api/model-modules/")
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "modules": ["medsplit.models", "torch.nn"],
+        "setting": MODEL_MODULES_SETTING,
+    }
+    with listed([], setting=MODEL_MODULES_SETTING):
+        assert admin.get("/api/model-modules/").json()["modules"] == []
+    # Only those who may create jobs: the list names code the coordinator trusts.
+    for client in (olga, hal, nora):
+        error(client.get("/api/model-modules/"), 403, "permission_denied")
+
+
 def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal) -> None:
     for client in (admin, olga, hal):
         response = client.get("/api/modes/")
