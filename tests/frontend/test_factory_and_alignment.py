@@ -57,6 +57,7 @@ def test_a_job_with_a_factory_model_from_a_listed_module_through_the_form(
         )
         arguments.fill('{"spatial_dims": 2, "in_channels": 1, "num_classes": 2}')
         arguments.blur()
+        expect(form.locator(".form-error")).to_have_text("")  # the page's refusal went
         # The cut table at the participants' shape, with the factory's arguments.
         page.get_by_test_id("cut-pool1").check(timeout=30_000)
         expect(page.locator(".cut-table caption")).to_contain_text(FACTORY)

@@ -33,6 +33,7 @@ const MODE_NOTES = {
 // A MODULE:FACTORY name as the coordinator takes it (medsplit.models.factory).
 const FACTORY_NAME = /^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$/;
 const MAX_ARGS_BYTES = 4096;
+const ARGS_REFUSED = "The model arguments are not a JSON object of at most 4096 bytes.";
 
 /** The model arguments typed in ``text``: ``{ args }``, or ``{ problem }`` in words. */
 export function parseModelArgs(text) {
@@ -821,6 +822,8 @@ export async function render(root) {
   modelArgs.addEventListener("change", () => {
     const { problem } = parseModelArgs(modelArgs.value);
     showFieldError("model_args", problem || "");
+    // The page's own refusal of them (on submit) goes with the problem.
+    if (!problem && formError.textContent === ARGS_REFUSED) formError.textContent = "";
     modelChanged();
   });
   mode.addEventListener("change", () => {
@@ -879,7 +882,7 @@ export async function render(root) {
     // Arguments that are not a JSON object are refused here, beside their field.
     const typed = isFactory() ? parseModelArgs(modelArgs.value) : {};
     if (typed.problem) {
-      showErrors(form, { message: "The model arguments are not a JSON object.", details: { model_args: [typed.problem] } });
+      showErrors(form, { message: ARGS_REFUSED, details: { model_args: [typed.problem] } });
       modelArgs.focus();
       busy = false;
       createButton.disabled = false;

@@ -298,12 +298,13 @@ export async function render(root, [id], session) {
     updated,
     controls || "", // append(null) would show "null"
     stats,
+    // A vertical job's alignment comes before its first step: shown above what follows it.
+    alignmentHeading,
+    alignmentBox,
     el("h2", {}, "Charts"),
     charts,
     el("h2", {}, "Turns"),
     turnsBox,
-    alignmentHeading,
-    alignmentBox,
     aggregationHeading,
     aggregationBox,
     el("h2", {}, "Configuration"),
@@ -714,6 +715,7 @@ export async function render(root, [id], session) {
     too_small: "failed: the intersection is smaller than the job's minimum",
     failed: "failed: the job ended before the parties agreed",
   };
+  const ALIGNMENT_BADGES = { pending: "pending", agreed: "ok", mismatch: "failed", too_small: "failed", failed: "failed" };
 
   /** Whether the job aligns records: its alignment is known, or its mode aligns them. */
   const aligns = () => Boolean(job.alignment) || job.mode === "vertical";
@@ -727,13 +729,13 @@ export async function render(root, [id], session) {
       size: null,
       reported: 0,
       parties: (job.participants || []).length,
-      minimum: null,
+      minimum: job.description?.mode_options?.min_records ?? null,
       reason: TERMINAL.has(job.state) ? job.state_reason : "",
     };
     const size = a.size === null || a.size === undefined ? "not known yet" : `${count(a.size)} records`;
     const minimum = a.minimum === null || a.minimum === undefined ? "the job's min_records" : `${count(a.minimum)} records`;
     const rows = [
-      ["Status", el("span", {}, badge(a.status), " ", ALIGNMENT_WORDS[a.status] || a.status)],
+      ["Status", el("span", {}, badge(a.status, ALIGNMENT_BADGES[a.status]), " ", ALIGNMENT_WORDS[a.status] || a.status)],
       ["Intersection", `${size} (the job needs at least ${minimum})`],
       ["Parties reported", `${a.reported} of ${a.parties}`],
       ...(a.reason ? [["Why", a.reason]] : []),
