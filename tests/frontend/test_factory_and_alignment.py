@@ -102,10 +102,12 @@ def test_a_vertical_jobs_form_options_and_its_record_alignment_on_the_job_page(
     expect(form.get_by_text(label_party, exact=False)).to_be_visible()
     records = form.get_by_label("Min records")
     expect(records).to_have_value("100")
-    records.fill("60")
     for hospital in three_hospitals[:2]:
         page.get_by_test_id(f"participant-{hospital.slug}").check()
     expect(page.get_by_test_id("cut-pool")).to_be_checked(timeout=30_000)
+    # (Below the mode's floor of 10 the coordinator answers 500 for now, not a 400 on
+    # mode_options: tests/platform_apps/training/api/test_views.py, xfail.)
+    records.fill("60")
     page.get_by_test_id("create-job").click()
     page.wait_for_url(re.compile(r"#/jobs/\d+$"))
     job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))

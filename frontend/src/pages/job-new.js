@@ -3,14 +3,16 @@
 // details per field, which are shown beside the field of the same name.
 //
 // Reads: GET /api/models/ (the registry), GET /api/model-modules/ (the modules whose
-// MODULE:FACTORY models the coordinator builds, MEDSPLIT_MODEL_MODULES), GET /api/modes/ (the split-learning modes as
-// each describes itself: the mode choices, their help and how many cuts each takes),
+// MODULE:FACTORY models the coordinator builds, MEDSPLIT_MODEL_MODULES), GET /api/modes/
+// (the split-learning modes as each describes itself: the mode choices, their help, how
+// many cuts each takes and its options),
 // GET /api/codecs/ (the codec choices, which is exact, a line each), GET /api/optimizers/
 // (the optimizer choices and the options each reads, with their defaults),
 // GET /api/hospitals/?status=enrolled (who may take part, with the shape of the data
 // they reported) and
 // GET /api/models/<name>/cuts/?input_shape=c,h,w[&model_args=<json>] (the cut table at
-// the participants' shape; a factory's with its arguments). "Create and schedule" also POSTs /api/jobs/<id>/schedule/.
+// the participants' shape; a factory's with its arguments). "Create and schedule" also
+// POSTs /api/jobs/<id>/schedule/.
 
 import { api, apiAll } from "../api.js";
 import { isConsortiumAdmin } from "../app.js";
@@ -218,8 +220,9 @@ export async function render(root) {
 
   const [models, modelModules, allModes, codecs, optimizers, hospitalsRaw] = await Promise.all([
     api("models/"),
-    // An older coordinator does not say: the form then offers the field without the list.
-    api("model-modules/").catch((error) => (error.status === 404 ? null : Promise.reject(error))),
+    // A coordinator that does not say (older, or not to this person): the form then offers
+    // the field without the list, and the coordinator still refuses a module it does not list.
+    api("model-modules/").catch((error) => ([403, 404].includes(error.status) ? null : Promise.reject(error))),
     api("modes/"),
     api("codecs/"),
     api("optimizers/"),
