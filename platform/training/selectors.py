@@ -18,17 +18,19 @@ from kernel.actors import Actor, ActorKind, Role
 from kernel.errors import InvalidInput, NotFound
 from kernel.permissions import (
     require_agent,
+    require_consortium_admin,
     require_person,
     require_person_with_role,
     sees_participant_in_full,
 )
 from medsplit.errors import UnknownModelError
-from medsplit.models import is_factory_name
+from medsplit.models import is_factory_name, model_modules
 from medsplit.models.registry import get_model_spec, model_names
 from medsplit.modes import MODES
 from medsplit.protocol.optim import describe_optimizers
 from medsplit.training.schedule import turn_length
 from medsplit.wire.codecs import describe_codecs
+from training.apps import MODEL_MODULES_SETTING
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
 from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import (
@@ -386,6 +388,18 @@ def registry_models(*, actor: Actor) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def registry_model_modules(*, actor: Actor) -> dict[str, Any]:
+    """The modules whose ``MODULE:FACTORY`` models this coordinator builds
+    (``MEDSPLIT["MODEL_MODULES"]``) and the setting that lists them, for the job form.
+    Consortium admins only: the ones who may create jobs.
+
+    Raises:
+        PermissionDenied: anyone else.
+    """
+    require_consortium_admin(actor, "read the coordinator's model modules")
+    return {"modules": list(model_modules().modules), "setting": MODEL_MODULES_SETTING}
 
 
 def registry_modes(*, actor: Actor) -> list[dict[str, Any]]:

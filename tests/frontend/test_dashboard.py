@@ -172,8 +172,8 @@ def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
     form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
     mode = form.locator("select[name=mode]")
     options = mode.locator("option").evaluate_all("nodes => nodes.map(n => [n.value, n.text])")
-    # SplitFed is offered once per configuration the platform runs (GET /api/modes/ lists
-    # them, each with runs_on_platform).
+    # SplitFed and vertical are offered once per configuration the platform runs
+    # (GET /api/modes/ lists them, each with runs_on_platform).
     assert options == [
         ["vanilla", "Vanilla"],
         ["ushaped", "U-shaped"],
@@ -181,6 +181,11 @@ def test_the_form_takes_its_modes_codecs_and_optimizers_from_the_coordinator(
         ['splitfed:{"variant":"v1","labels":"hospital"}', "SplitFed (SFLV1, labels at home)"],
         ['splitfed:{"variant":"v2","labels":"server"}', "SplitFed (SFLV2, labels at the server)"],
         ['splitfed:{"variant":"v2","labels":"hospital"}', "SplitFed (SFLV2, labels at home)"],
+        *[
+            [f'vertical:{{"join":"{join}","labels":"{labels}"}}', f"Vertical ({join}, labels {at})"]
+            for join in ("sum", "mean", "concat")
+            for labels, at in (("hospital", "at home"), ("server", "at the server"))
+        ],
     ]
     codecs = form.locator("select[name=codec] option")
     assert codecs.evaluate_all("nodes => nodes.map(n => [n.value, n.text])") == [

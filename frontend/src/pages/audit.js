@@ -39,6 +39,9 @@ const ACTIONS = [
   "aggregation.done",
   "aggregation.restarted",
   "aggregation.failed",
+  "alignment.agreed",
+  "alignment.mismatch",
+  "alignment.too_small",
   "hospital.registered",
   "hospital.join_requested",
   "hospital.approved",
@@ -137,6 +140,8 @@ function timeCell(iso) {
 const MAX_VALUE = 60;
 const MAX_PAIRS = 6;
 const whole = new Intl.NumberFormat();
+/** Keys whose numbers count records, not bytes: alignment.* events' details. */
+const RECORD_COUNTS = new Set(["size", "minimum"]);
 
 // PostgreSQL keeps JSON objects in its own key order: the summary orders them itself, the
 // usual keys of an event first, the rest (and every nested map) alphabetically.
@@ -169,6 +174,8 @@ function crossedText(crossed) {
 function valueText(key, value) {
   if (value === null || value === undefined) return "none";
   if (typeof value === "number") {
+    // A record alignment's sizes and minimum count records (training/alignment.py).
+    if (RECORD_COUNTS.has(key)) return `${whole.format(value)} records`;
     if (/bytes|size/.test(key)) return bytes(value);
     return Number.isInteger(value) ? whole.format(value) : value.toFixed(4);
   }
@@ -176,6 +183,7 @@ function valueText(key, value) {
   if (typeof value === "string") return value || "“”";
   if (Array.isArray(value)) return value.length <= 4 ? value.map((v) => valueText(key, v)).join(", ") : `${value.length} items`;
   if (key === "crossed") return crossedText(value);
+  if (key === "sizes") return sorted(value).map(([k, v]) => `${k} ${valueText("size", v)}`).join(", ");
   const entries = sorted(value);
   if (!entries.length) return "none";
   if (entries.length <= 6 && entries.every(([, v]) => v === null || typeof v !== "object")) {

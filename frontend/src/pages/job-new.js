@@ -2,14 +2,17 @@
 // training.validation.JobInput; the server checks everything and answers 400 with
 // details per field, which are shown beside the field of the same name.
 //
-// Reads: GET /api/models/ (the registry), GET /api/modes/ (the split-learning modes as
-// each describes itself: the mode choices, their help and how many cuts each takes),
+// Reads: GET /api/models/ (the registry), GET /api/model-modules/ (the modules whose
+// MODULE:FACTORY models the coordinator builds, MEDSPLIT_MODEL_MODULES), GET /api/modes/
+// (the split-learning modes as each describes itself: the mode choices, their help, how
+// many cuts each takes and its options),
 // GET /api/codecs/ (the codec choices, which is exact, a line each), GET /api/optimizers/
 // (the optimizer choices and the options each reads, with their defaults),
 // GET /api/hospitals/?status=enrolled (who may take part, with the shape of the data
 // they reported) and
-// GET /api/models/<name>/cuts/?input_shape=c,h,w (the cut table at the participants'
-// shape). "Create and schedule" also POSTs /api/jobs/<id>/schedule/.
+// GET /api/models/<name>/cuts/?input_shape=c,h,w[&model_args=<json>] (the cut table at
+// the participants' shape; a factory's with its arguments). "Create and schedule" also
+// POSTs /api/jobs/<id>/schedule/.
 
 import { api, apiAll } from "../api.js";
 import { isConsortiumAdmin } from "../app.js";
@@ -22,6 +25,37 @@ const ON_FAILURE = [
 ];
 // How the form labels an optimizer's options; one the coordinator adds later shows its name.
 const OPTION_LABELS = { lr: "Learning rate", momentum: "Momentum", weight_decay: "Weight decay" };
+
+// What a mode's own help does not say about the order of the participants.
+const MODE_NOTES = {
+  vertical:
+    "The first participant (the top of the list) is the label party: it holds the labels. " +
+    "The parties hold different features of the same patients and take each step together.",
+};
+// A MODULE:FACTORY name as the coordinator takes it (medsplit.models.factory).
+const FACTORY_NAME = /^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$/;
+const MAX_ARGS_BYTES = 4096;
+const ARGS_REFUSED = "The model arguments are not a JSON object of at most 4096 bytes.";
+
+/** The model arguments typed in ``text``: ``{ args }``, or ``{ problem }`` in words. */
+export function parseModelArgs(text) {
+  const trimmed = text.trim();
+  if (trimmed === "") return { args: {} };
+  let args;
+  try {
+    args = JSON.parse(trimmed);
+  } catch (error) {
+    return { problem: `Model arguments must be JSON: ${error.message}.` };
+  }
+  if (args === null || typeof args !== "object" || Array.isArray(args)) {
+    return { problem: 'Model arguments must be a JSON object, such as {"in_channels": 1}.' };
+  }
+  const size = new TextEncoder().encode(JSON.stringify(args)).length;
+  if (size > MAX_ARGS_BYTES) {
+    return { problem: `Model arguments are ${size} bytes of JSON; the coordinator takes at most ${MAX_ARGS_BYTES}.` };
+  }
+  return { args };
+}
 
 const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
 const whole = new Intl.NumberFormat();
@@ -184,8 +218,11 @@ export async function render(root) {
     return null;
   }
 
-  const [models, allModes, codecs, optimizers, hospitalsRaw] = await Promise.all([
+  const [models, modelModules, allModes, codecs, optimizers, hospitalsRaw] = await Promise.all([
     api("models/"),
+    // A coordinator that does not say (older, or not to this person): the form then offers
+    // the field without the list, and the coordinator still refuses a module it does not list.
+    api("model-modules/").catch((error) => ([403, 404].includes(error.status) ? null : Promise.reject(error))),
     api("modes/"),
     api("codecs/"),
     api("optimizers/"),
@@ -202,6 +239,64 @@ export async function render(root) {
     models.map((m) => el("option", { value: m.name }, m.name)),
   );
   const modelHelp = el("p", { class: "help" });
+  // A model from the registry, or a factory in a module the coordinator lists
+  // (MODULE:FACTORY with its keyword arguments as JSON).
+  const modelKind = el(
+    "div",
+    { class: "row", role: "radiogroup", "aria-label": "Where the model comes from" },
+    el("label", {}, el("input", { type: "radio", name: "model_kind", value: "registry", checked: true }), " From the registry"),
+    el(
+      "label",
+      {},
+      el("input", { type: "radio", name: "model_kind", value: "factory", "data-testid": "model-kind-factory" }),
+      " A model from a listed module",
+    ),
+  );
+  const listedModules = modelModules?.modules || [];
+  const factoryName = el("input", {
+    name: "model",
+    id: "f-model-factory",
+    type: "text",
+    autocomplete: "off",
+    spellcheck: "false",
+    list: "model-modules",
+    placeholder: listedModules.length ? `${listedModules[0]}:factory` : "package.module:factory",
+  });
+  const modulesList = el(
+    "datalist",
+    { id: "model-modules" },
+    listedModules.map((m) => el("option", { value: `${m}:` })),
+  );
+  const modulesHelp = el(
+    "p",
+    { class: "help", "data-testid": "model-modules" },
+    !modelModules
+      ? "The coordinator does not say which modules it lists; it refuses a module it does not."
+      : listedModules.length
+        ? `Modules this coordinator lists (${modelModules.setting}): ${listedModules.join(", ")}. Every participant's agent must list the module too (its model_modules).`
+        : `This coordinator lists no model modules: add one to ${modelModules.setting} to train a model from it.`,
+  );
+  const modelArgs = el("textarea", {
+    name: "model_args",
+    rows: "3",
+    spellcheck: "false",
+    placeholder: '{"in_channels": 1, "num_classes": 2}',
+  });
+  const registryBox = el("div", {}, field("Model", model), modelHelp);
+  const factoryBox = el(
+    "div",
+    { class: "factory-model" },
+    field("Model (MODULE:FACTORY)", factoryName),
+    modulesList,
+    modulesHelp,
+    field(
+      "Model arguments (JSON)",
+      modelArgs,
+      `the factory's keyword arguments, a JSON object of at most ${MAX_ARGS_BYTES} bytes; they decide its classes`,
+    ),
+  );
+  const modelBox = el("div", {}, registryBox);
+  const isFactory = () => modelKind.querySelector("input:checked")?.value === "factory";
   // The registry's first mode is the default a job gets when it does not say. A mode with
   // options is offered once per configuration (its options' choices, as GET /api/modes/
   // lists them: SplitFed's variant and where the labels are). A mode or configuration the
@@ -211,15 +306,63 @@ export async function render(root) {
     m.configurations?.length
       ? m.configurations
           .filter((c) => c.runs_on_platform !== false)
-          .map((c) => ({ ...m, ...c, key: `${m.name}:${JSON.stringify(c.options)}`, mode_options: c.options }))
+          .map((c) => ({
+            ...m,
+            ...c,
+            key: `${m.name}:${JSON.stringify(c.options)}`,
+            mode_options: c.options,
+            settings: m.options || [],
+          }))
       : m.runs_on_platform !== false
-        ? [{ ...m, key: m.name }]
+        ? [{ ...m, key: m.name, settings: m.options || [] }]
         : [],
   );
   const modeByName = new Map(modes.map((m) => [m.key, m]));
   const mode = select("mode", modes.map((m) => [m.key, m.title]), modes[0]?.key);
   const currentMode = () => modeByName.get(mode.value);
-  const modeHelp = el("p", { class: "help", "aria-live": "polite" }, currentMode()?.summary || "");
+  const modeHelp = el("p", { class: "help", "aria-live": "polite" });
+  const modeHelpText = (m) => [m?.summary, MODE_NOTES[m?.name]].filter(Boolean).join(". ");
+  // A mode's options without choices (vertical's min_records): a field each, per mode, with
+  // the mode's default and help; the options with choices come from the configuration.
+  const modeOptionInputs = new Map(); // "mode:option" -> { option, input, box }
+  const modeOptionsRow = el("div", { class: "row" });
+  const modeOptions = group("mode_options", "Mode options", modeOptionsRow);
+  // (A configuration's own ``options`` are its choices; the mode's list is ``settings``.)
+  const freeOptions = (m) => (m?.settings || []).filter((o) => !o.choices?.length);
+  function modeOptionInput(m, option) {
+    const key = `${m.name}:${option.name}`;
+    if (!modeOptionInputs.has(key)) {
+      const name = `mode_opt_${option.name}`;
+      const input =
+        option.type === "bool"
+          ? el("input", { name, type: "checkbox", checked: Boolean(option.default) })
+          : option.type === "str"
+            ? el("input", { name, type: "text", value: option.default ?? "" })
+            : numberInput(name, option.default, { step: option.type === "int" ? "1" : "any" });
+      const label = option.name.replaceAll("_", " ");
+      const help = `${option.help}; default ${option.default}`;
+      modeOptionInputs.set(key, { option, input, box: field(label[0].toUpperCase() + label.slice(1), input, help) });
+    }
+    return modeOptionInputs.get(key);
+  }
+  function drawModeOptions() {
+    const m = currentMode();
+    const free = freeOptions(m);
+    modeOptions.hidden = !free.length;
+    modeOptionsRow.replaceChildren(...free.map((o) => modeOptionInput(m, o).box));
+  }
+  function modeOptionsValue() {
+    const m = currentMode();
+    if (!m) return undefined;
+    const values = { ...(m.mode_options || {}) };
+    for (const option of freeOptions(m)) {
+      const { input } = modeOptionInput(m, option);
+      const value =
+        option.type === "bool" ? input.checked : option.type === "str" ? input.value : numberOf(input);
+      if (value !== undefined) values[option.name] = value;
+    }
+    return Object.keys(values).length ? values : undefined;
+  }
   const numClasses = numberInput("num_classes", 2, { min: "2", max: "10000" });
   let numClassesTouched = false;
   numClasses.addEventListener("input", () => {
@@ -320,11 +463,12 @@ export async function render(root) {
         "div",
         { class: "row" },
         field("Name", name, "optional; shown in lists"),
-        el("div", {}, field("Model", model), modelHelp),
+        el("div", {}, modelKind, modelBox),
         el("div", {}, field("Mode", mode), modeHelp),
         field("Number of classes", numClasses, "at least the labels the hospitals report"),
       ),
     ),
+    modeOptions,
     participants,
     shapeBox,
     cuts,
@@ -467,8 +611,13 @@ export async function render(root) {
   let cutRequest = 0;
   const cutCache = new Map();
 
+  // The model the form is on, as the cut table and the defaults need it: a registry
+  // entry, or a factory (no default shape or cuts; its arguments as parsed, or the problem).
   function currentModel() {
-    return models.find((m) => m.name === model.value);
+    if (!isFactory()) return models.find((m) => m.name === model.value);
+    const name = factoryName.value.trim();
+    const { args, problem } = parseModelArgs(modelArgs.value);
+    return { name, factory: true, args: args || {}, problem, default_cuts: {}, default_input_shape: null };
   }
 
   function refreshShape() {
@@ -486,28 +635,43 @@ export async function render(root) {
         : "Choose hospitals to use the shape of their data; until then, the model's default.";
     }
     shapeOut.textContent = use ? `[${use.join(", ")}]` : "–";
-    const key = `${spec?.name || ""}|${use ? use.join(",") : ""}`;
+    const key = `${spec?.name || ""}|${use ? use.join(",") : ""}|${spec?.factory ? JSON.stringify(spec.args) : ""}`;
     if (key !== shapeKey) {
       shapeKey = key;
       loadCuts(spec, use);
     }
   }
 
+  function cutsNotYet(text) {
+    ++cutRequest;
+    cutRows = [];
+    cutTableBox.setAttribute("aria-busy", "false");
+    cutTableBox.replaceChildren(el("p", { class: "muted", "data-testid": "cuts-waiting" }, text));
+  }
+
   async function loadCuts(spec, shape) {
     if (!spec) return;
+    if (spec.factory) {
+      // A factory has no shape of its own: its table is worked out at the participants'.
+      if (!FACTORY_NAME.test(spec.name)) return cutsNotYet("Type the model as MODULE:FACTORY to see its cut table.");
+      if (spec.problem) return cutsNotYet(`${spec.problem} The cut table waits for them.`);
+      if (!shape) return cutsNotYet("Choose hospitals that reported their data: a factory model's cut table is worked out at their shape.");
+    }
     const ask = ++cutRequest;
-    const key = `${spec.name}|${shape ? shape.join(",") : ""}`;
+    const argsText = spec.factory && Object.keys(spec.args).length ? JSON.stringify(spec.args) : undefined;
+    const key = `${spec.name}|${shape ? shape.join(",") : ""}|${argsText || ""}`;
     cutTableBox.replaceChildren(el("p", { class: "muted" }, "Loading the cut table…"));
     cutTableBox.setAttribute("aria-busy", "true");
     let answer = cutCache.get(key);
     try {
       if (!answer) {
         answer = await api(`models/${encodeURIComponent(spec.name)}/cuts/`, {
-          query: { input_shape: shape ? shape.join(",") : undefined },
+          query: { input_shape: shape ? shape.join(",") : undefined, model_args: argsText },
         }).catch(async (error) => {
           // Beyond the sizes the coordinator traces for anyone: the cuts are the same at
-          // every size, so show them at the model's own shape and say so.
-          if (error.code !== "input_too_large") throw error;
+          // every size, so show them at the model's own shape and say so (a factory has
+          // no shape of its own).
+          if (error.code !== "input_too_large" || spec.factory) throw error;
           const table = await api(`models/${encodeURIComponent(spec.name)}/cuts/`);
           return { ...table, note: `${error.message} Shown at [${table.input_shape.join(", ")}].` };
         });
@@ -628,7 +792,7 @@ export async function render(root) {
       el(
         "table",
         {},
-        el("caption", { class: "muted" }, `Cut table of ${model.value} at ${cutNote ? "its own shape" : shapeOut.textContent}`),
+        el("caption", { class: "muted" }, `Cut table of ${currentModel()?.name} at ${cutNote ? "its own shape" : shapeOut.textContent}`),
         el("thead", {}, head),
         el("tbody", {}, body),
       ),
@@ -642,24 +806,52 @@ export async function render(root) {
     return [...picked].sort((a, b) => (rank.get(a) ?? 0) - (rank.get(b) ?? 0));
   }
 
-  model.addEventListener("change", () => {
+  function modelChanged() {
     const spec = currentModel();
     modelHelp.textContent = spec?.description || "";
     for (const name of Object.keys(selectedCuts)) selectedCuts[name] = [];
     refreshShape();
+  }
+  model.addEventListener("change", modelChanged);
+  for (const radio of modelKind.querySelectorAll("input")) {
+    radio.addEventListener("change", () => {
+      // One field named model at a time, so the API's errors for it land beside it.
+      modelBox.replaceChildren(isFactory() ? factoryBox : registryBox);
+      modelChanged();
+    });
+  }
+  // The factory's table is asked for once the name or the arguments are done with.
+  factoryName.addEventListener("change", modelChanged);
+  modelArgs.addEventListener("change", () => {
+    const { problem } = parseModelArgs(modelArgs.value);
+    showFieldError("model_args", problem || "");
+    // The page's own refusal of them (on submit) goes with the problem.
+    if (!problem && formError.textContent === ARGS_REFUSED) formError.textContent = "";
+    modelChanged();
   });
   mode.addEventListener("change", () => {
-    modeHelp.textContent = currentMode()?.summary || "";
+    modeHelp.textContent = modeHelpText(currentMode());
+    drawModeOptions();
     drawCuts();
   });
+
+  /** ``text`` beside the field ``name`` (as the API's errors are shown), or none. */
+  function showFieldError(name, text) {
+    const holder = form.querySelector(`[data-field="${name}"]`);
+    if (!holder) return;
+    holder.querySelector(".field-error").textContent = text;
+    const input = holder.querySelector("input, select, textarea");
+    if (text) input?.setAttribute("aria-invalid", "true");
+    else input?.removeAttribute("aria-invalid");
+  }
 
   // -- submit ------------------------------------------------------------------------
   function body() {
     const data = {
       name: name.value.trim(),
-      model: model.value,
+      model: isFactory() ? factoryName.value.trim() : model.value,
       mode: currentMode()?.name,
-      mode_options: currentMode()?.mode_options,
+      mode_options: modeOptionsValue(),
       num_classes: numberOf(numClasses),
       cuts: chosenCuts(),
       participants: chosenHospitals().map((h) => ({ hospital: h.slug })),
@@ -675,6 +867,7 @@ export async function render(root) {
       round_deadline_seconds: numberOf(roundDeadline),
     };
     if (onFailure.value === "retry") data.max_retries = numberOf(maxRetries);
+    if (isFactory()) data.model_args = parseModelArgs(modelArgs.value).args;
     // Blank numbers take the server's defaults (except num_classes, which is required).
     for (const key of Object.keys(data)) if (data[key] === undefined && key !== "num_classes") delete data[key];
     if (data.num_classes === undefined) data.num_classes = null;
@@ -689,6 +882,16 @@ export async function render(root) {
     busy = true;
     createButton.disabled = true;
     scheduleButton.disabled = true;
+    // Arguments that are not a JSON object are refused here, beside their field.
+    const typed = isFactory() ? parseModelArgs(modelArgs.value) : {};
+    if (typed.problem) {
+      showErrors(form, { message: ARGS_REFUSED, details: { model_args: [typed.problem] } });
+      modelArgs.focus();
+      busy = false;
+      createButton.disabled = false;
+      scheduleButton.disabled = false;
+      return;
+    }
     const label = (event.submitter || createButton).textContent;
     (event.submitter || createButton).textContent = "Checking…";
     let job;
@@ -719,6 +922,8 @@ export async function render(root) {
   });
 
   drawParticipants();
+  modeHelp.textContent = modeHelpText(currentMode());
+  drawModeOptions();
   modelHelp.textContent = currentModel()?.description || "";
   refreshShape();
   name.focus();

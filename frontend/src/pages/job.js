@@ -8,13 +8,16 @@
 //   GET /api/jobs/<id>/metrics/?since=  only the metric points not yet seen (bytes, speed)
 //   GET /api/jobs/<id>/loss-series/     one loss curve per hospital over the job's steps,
 //                                       where each round starts, the steps of each turn
-//   GET /api/jobs/<id>/                 again only when the state changed (its reason)
+//   GET /api/jobs/<id>/                 again only when the state changed (its reason),
+//                                       between a parallel round's turns (its secure
+//                                       aggregation) and while a vertical job's parties
+//                                       report their record alignment (its alignment)
 // and once GET /api/hospitals/ for the label counts (each accuracy's majority baseline).
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
 
 import { api, apiAll, CoordinatorUnreachable } from "../api.js";
 import { every, isConsortiumAdmin } from "../app.js";
-import { ago, badge, bytes, duration, el, table, toast } from "../ui.js";
+import { ago, badge, bytes, duration, el, swap, table, toast } from "../ui.js";
 
 const POLL_SECONDS = 2;
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
@@ -284,6 +287,9 @@ export async function render(root, [id], session) {
   // Only a mode that aggregates securely (SplitFed) has aggregations: shown when there are.
   const aggregationHeading = el("h2", { hidden: true }, "Secure aggregation");
   const aggregationBox = el("div", { class: "job-aggregations", "data-testid": "aggregations" });
+  // Only a job whose parties align their records (vertical) has an alignment.
+  const alignmentHeading = el("h2", { hidden: true }, "Record alignment");
+  const alignmentBox = el("div", { class: "job-alignment", "data-testid": "alignment", role: "status" });
 
   root.append(
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
@@ -292,6 +298,9 @@ export async function render(root, [id], session) {
     updated,
     controls || "", // append(null) would show "null"
     stats,
+    // A vertical job's alignment comes before its first step: shown above what follows it.
+    alignmentHeading,
+    alignmentBox,
     el("h2", {}, "Charts"),
     charts,
     el("h2", {}, "Turns"),
@@ -698,6 +707,58 @@ export async function render(root, [id], session) {
     );
   }
 
+  // The alignment's status in words (GET /api/jobs/{id}/'s alignment, training/alignment.py).
+  const ALIGNMENT_WORDS = {
+    pending: "waiting for every party to report the intersection it holds",
+    agreed: "agreed: every party holds the same intersection",
+    mismatch: "failed: the parties hold different intersections",
+    too_small: "failed: the intersection is smaller than the job's minimum",
+    failed: "failed: the job ended before the parties agreed",
+  };
+  const ALIGNMENT_BADGES = { pending: "pending", agreed: "ok", mismatch: "failed", too_small: "failed", failed: "failed" };
+
+  /** Whether the job aligns records: its alignment is known, or its mode aligns them. */
+  const aligns = () => Boolean(job.alignment) || job.mode === "vertical";
+
+  function drawAlignment() {
+    alignmentHeading.hidden = !aligns();
+    if (!aligns()) return alignmentBox.replaceChildren();
+    // Before any party reported, the API has no alignment yet: nobody reported.
+    const a = job.alignment || {
+      status: TERMINAL.has(job.state) ? "failed" : "pending",
+      size: null,
+      reported: 0,
+      parties: (job.participants || []).length,
+      minimum: job.description?.mode_options?.min_records ?? null,
+      reason: TERMINAL.has(job.state) ? job.state_reason : "",
+    };
+    const size = a.size === null || a.size === undefined ? "not known yet" : `${count(a.size)} records`;
+    const minimum = a.minimum === null || a.minimum === undefined ? "the job's min_records" : `${count(a.minimum)} records`;
+    const rows = [
+      ["Status", el("span", {}, badge(a.status, ALIGNMENT_BADGES[a.status]), " ", ALIGNMENT_WORDS[a.status] || a.status)],
+      ["Intersection", `${size} (the job needs at least ${minimum})`],
+      ["Parties reported", `${a.reported} of ${a.parties}`],
+      ...(a.reason ? [["Why", a.reason]] : []),
+    ];
+    swap(
+      alignmentBox,
+      el(
+        "p",
+        { class: "muted" },
+        "Before the first step the parties find the patients they all hold by private set intersection; the coordinator compares their digests and sizes, never an identifier.",
+      ),
+      el(
+        "table",
+        {},
+        el(
+          "tbody",
+          {},
+          rows.map(([k, v]) => el("tr", {}, el("th", { scope: "row" }, k), el("td", {}, v))),
+        ),
+      ),
+    );
+  }
+
   function drawAggregations() {
     const rows = job.aggregations || [];
     aggregationHeading.hidden = rows.length === 0;
@@ -810,13 +871,16 @@ export async function render(root, [id], session) {
     // A job with secure aggregation rounds changes between turns too (an aggregation opens
     // once a round's turns ended): read it again then, not on every refresh.
     const betweenTurns = newStatus.state === "running" && !(newTurns || []).some((t) => t.status === "running");
-    if (newStatus.state !== job.state || job.aggregations?.length || betweenTurns) {
+    // So does an alignment while its parties report.
+    const aligning = aligns() && !TERMINAL.has(newStatus.state) && (job.alignment?.status || "pending") === "pending";
+    if (newStatus.state !== job.state || job.aggregations?.length || betweenTurns || aligning) {
       const changed = newStatus.state !== job.state;
       job = await api(`jobs/${jobId}/`);
       if (stopped) return;
       if (changed) drawConfig();
     }
     drawAggregations();
+    drawAlignment();
     status = newStatus;
     turns = newTurns || [];
     drawState();
@@ -858,6 +922,7 @@ export async function render(root, [id], session) {
   drawState();
   drawStats();
   drawConfig();
+  drawAlignment();
   stopPoll = every(POLL_SECONDS, refresh);
   return () => {
     stopped = true;

@@ -607,6 +607,15 @@ class RegistryModelSerializer(serializers.Serializer):
     )
 
 
+class ModelModulesSerializer(serializers.Serializer):
+    modules = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the modules (a package: the modules inside it too) whose MODULE:FACTORY "
+        "models this coordinator builds; a job's every participant must list it too",
+    )
+    setting = serializers.CharField(help_text="the coordinator's setting that lists them")
+
+
 class ModeOptionSerializer(serializers.Serializer):
     name = serializers.CharField()
     type = serializers.ChoiceField(choices=["int", "float", "str", "bool"])

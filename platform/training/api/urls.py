@@ -10,6 +10,7 @@ urlpatterns = [
     path("codecs/", views.CodecListView.as_view(), name="codec-list"),
     path("optimizers/", views.OptimizerListView.as_view(), name="optimizer-list"),
     path("models/", views.ModelListView.as_view(), name="model-list"),
+    path("model-modules/", views.ModelModulesView.as_view(), name="model-modules"),
     path("models/<str:name>/cuts/", views.ModelCutsView.as_view(), name="model-cuts"),
     path("jobs/", views.JobListCreateView.as_view(), name="job-list"),
     path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job-detail"),

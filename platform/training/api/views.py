@@ -37,6 +37,7 @@ from training.api.serializers import (
     JobStatusSerializer,
     LossSeriesSerializer,
     MetricPointSerializer,
+    ModelModulesSerializer,
     ModeSerializer,
     OptimizersSerializer,
     RegistryModelSerializer,
@@ -84,6 +85,17 @@ class ModelListView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(selectors.registry_models(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class ModelModulesView(APIView):
+    @extend_schema(
+        summary="The modules whose MODULE:FACTORY models the coordinator builds "
+        "(consortium admins)",
+        responses=ModelModulesSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_model_modules(actor=_actor(request)))
 
 
 @extend_schema(tags=["models"])

@@ -11,6 +11,7 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from medsplit.errors import ConfigError
 from medsplit.protocol.optim import OPTIMIZERS, SCHEDULES, OptimizerConfig
 from medsplit.training.description import JobDescription
 from medsplit.wire.codecs import CODECS
@@ -93,6 +94,42 @@ def test_models_refuse_no_role_agents_and_strangers(nora, agent_client, hospital
     response = APIClient().get("/api/models/")
     assert response.status_code in (401, 403)
     assert response.json()["code"] == "not_authenticated"
+
+
+def test_model_modules_tell_consortium_admins_which_factories_the_coordinator_builds(
+    admin, olga, hal, nora
+) -> None:
+    from tests.model_modules import listed
+    from training.apps import MODEL_MODULES_SETTING
+
+    with listed(["medsplit.models", "torch.nn"], setting=MODEL_MODULES_SETTING):
+        response = admin.get("/api/model-modules/")
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "modules": ["medsplit.models", "torch.nn"],
+        "setting": MODEL_MODULES_SETTING,
+    }
+    with listed([], setting=MODEL_MODULES_SETTING):
+        assert admin.get("/api/model-modules/").json()["modules"] == []
+    # Only those who may create jobs: the list names code the coordinator trusts.
+    for client in (olga, hal, nora):
+        error(client.get("/api/model-modules/"), 403, "permission_denied")
+
+
+@pytest.mark.xfail(
+    raises=ConfigError,
+    strict=True,
+    reason="medsplit/training/description.py's _check_options checks each option's type "
+    "and choices but not the mode's own check_options (vertical's floor of 10 records), "
+    "so the bound mode's with_options raises out of job_spec_validate: a 500",
+)
+def test_a_vertical_job_below_the_min_records_floor_is_a_400_on_mode_options(
+    admin, job_data
+) -> None:
+    options = {"join": "sum", "labels": "hospital", "min_records": 5}
+    data = job_data(mode="vertical", cuts=["pool1", "pool"], mode_options=options)
+    details = error(admin.post("/api/jobs/", data, format="json"), 400, "invalid")
+    assert "min_records must be at least 10" in details["mode_options"][0]
 
 
 def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal) -> None:
