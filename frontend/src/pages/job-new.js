@@ -381,8 +381,9 @@ export async function render(root) {
     el(
       "p",
       { class: "help" },
-      "Tick the hospitals that take part; they train in turn from the top of the list. " +
-        "Move a hospital with its ↑ and ↓ buttons.",
+      "Tick the hospitals that take part, in the order of the list: round-robin modes " +
+        "take turns from the top; in vertical mode every party takes each step and the " +
+        "first one holds the labels. Move a hospital with its ↑ and ↓ buttons.",
     ),
     hospitals.length
       ? participantList

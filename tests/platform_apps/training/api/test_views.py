@@ -11,7 +11,6 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
-from medsplit.errors import ConfigError
 from medsplit.protocol.optim import OPTIMIZERS, SCHEDULES, OptimizerConfig
 from medsplit.training.description import JobDescription
 from medsplit.wire.codecs import CODECS
@@ -116,13 +115,6 @@ def test_model_modules_tell_consortium_admins_which_factories_the_coordinator_bu
         error(client.get("/api/model-modules/"), 403, "permission_denied")
 
 
-@pytest.mark.xfail(
-    raises=ConfigError,
-    strict=True,
-    reason="medsplit/training/description.py's _check_options checks each option's type "
-    "and choices but not the mode's own check_options (vertical's floor of 10 records), "
-    "so the bound mode's with_options raises out of job_spec_validate: a 500",
-)
 def test_a_vertical_job_below_the_min_records_floor_is_a_400_on_mode_options(
     admin, job_data
 ) -> None:
