@@ -78,6 +78,10 @@ MODEL_MODULES_SETTING = "the agent's model_modules (MEDSPLIT_AGENT_MODEL_MODULES
 ENDED = frozenset({"completed", "failed", "cancelled"})
 
 
+#: The longest the label party waits for a round's label-leakage scores.
+LEAKAGE_WAIT_SECONDS = 30.0
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far, in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -337,7 +341,9 @@ class TurnTaker:
                 passive=order[1:],
                 round_=ids.round,
                 labels=labels,
-                timeout=self.config.reply_timeout,
+                # Sent as the passive parties' turns end, with this one's: a party that
+                # is down costs the audit, not the next round's start.
+                timeout=min(self.config.reply_timeout, LEAKAGE_WAIT_SECONDS),
                 stopping=self.stopping,
             )
             missing = sorted(set(order[1:]) - set(found))

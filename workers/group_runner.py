@@ -68,17 +68,28 @@ class GroupHooks(RunnerHooks):
     """A shared turn's hooks: its turn completes only once the shared segment's end is
     recorded, and without moving the job's server state to a checkpoint of its own."""
 
-    def __init__(self, *, recorded: threading.Event, **kwargs) -> None:
+    def __init__(self, *, recorded: threading.Event, finishing: threading.Lock, **kwargs) -> None:
         super().__init__(**kwargs)
         self.recorded = recorded
+        self.finishing = finishing
 
     def finish(self, metrics: Mapping[str, float], progress: TurnProgress) -> None:
         if not self.recorded.wait(settings.MEDSPLIT["TURN_SILENCE_SECONDS"]):
             raise TurnFailed("the round's shared server segment was not recorded in time")
-        self._record(progress, final=True)
-        turn_complete(
-            turn=self.turn, metrics=dict(metrics), crossed=progress.crossed, own_checkpoint=False
-        )
+        # One turn of the group completes at a time: the turns of a joint round end
+        # together, and two completions of one job at once deadlocked in PostgreSQL.
+        with self.finishing:
+            self._record(progress, final=True)
+            turn_complete(
+                turn=self.turn,
+                metrics=dict(metrics),
+                crossed=progress.crossed,
+                own_checkpoint=False,
+            )
+
+
+class PartialJointRound(TurnFailed):
+    """A joint round (vertical) whose parties' turns are not all running: it cannot run."""
 
 
 def shares_segment(job: Job) -> bool:
@@ -123,6 +134,12 @@ def run(turn_id: int, *, runner: str) -> str:
         claims.append(claim)
     try:
         return _serve(job, first.round.index, claims, runner, lease)
+    except PartialJointRound as e:
+        # Sent again it would fail again: the job's failure policy decides, with the reason.
+        logger.warning("job %s: %s", job.pk, e)
+        for claim in claims:
+            turn_fail(turn=Turn.objects.get(pk=claim.turn.pk), reason=str(e))
+        return "failed"
     finally:
         for claim in claims:
             turn_release(turn_id=claim.turn.pk, runner=runner)
@@ -173,6 +190,14 @@ def _joint_plan(job: Job, config: TrainingConfig, round_index: int, claims: list
     participants = tuple(
         c.turn.hospital.slug for c in sorted(claims, key=lambda c: c.turn.position)
     )
+    everyone = tuple(job.participants.order_by("position").values_list("hospital__slug", flat=True))
+    if participants != everyone:
+        missing = ", ".join(p for p in everyone if p not in participants)
+        raise PartialJointRound(
+            f"round {round_index + 1} of a vertical job needs every party's turn at once, and "
+            f"{missing} no longer has a running one (its turn ended): the round cannot run "
+            "for some parties only"
+        )
     model = job_vertical_model(job_model(job), config, participants)
     party = Party.create(copy.deepcopy(model.top), config.server_optimizer)
     start = _round_start(job, round_index, party)
@@ -211,6 +236,7 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
     plan = (_joint_plan if joint else _shared_plan)(job, config, round_index, claims)
     party, split, start, gate = plan.party, plan.split, plan.start, plan.gate
     recorded = threading.Event()
+    finishing = threading.Lock()
     outcomes: dict[int, str] = {}
     bounds = limits_of_job(job)
 
@@ -222,7 +248,12 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
             max_backlog_bytes=bounds.stream_bytes,
         )
         hooks = GroupHooks(
-            recorded=recorded, turn=turn, runner=runner, lease_seconds=lease, guard=relay_guard()
+            recorded=recorded,
+            finishing=finishing,
+            turn=turn,
+            runner=runner,
+            lease_seconds=lease,
+            guard=relay_guard(),
         )
         try:
             server = TurnServer(

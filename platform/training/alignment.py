@@ -121,10 +121,17 @@ def alignment_get(*, actor: Actor, job_id: int) -> dict[str, Any]:
 
 
 def alignment_summary(job: Job) -> dict[str, Any] | None:
-    """:func:`alignment_state` once a party has reported, else ``None`` (a job that
-    aligns no records, or not yet): ``GET /api/jobs/{id}/``'s ``alignment``."""
+    """:func:`alignment_state` of a job whose parties align records (pending before any
+    reported), ``None`` for a job of another mode: ``GET /api/jobs/{id}/``'s
+    ``alignment``."""
     alignment = JobAlignment.objects.filter(job=job).first()
-    return None if alignment is None else alignment_state(job, alignment)
+    if alignment is not None:
+        return alignment_state(job, alignment)
+    try:
+        aligning = job.training_config().split_mode.feature_sets
+    except ConfigError:  # a mode this coordinator no longer knows
+        aligning = False
+    return alignment_state(job) if aligning else None
 
 
 def alignment_state(job: Job, alignment: JobAlignment | None = None) -> dict[str, Any]:

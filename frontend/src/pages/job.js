@@ -717,8 +717,9 @@ export async function render(root, [id], session) {
   };
   const ALIGNMENT_BADGES = { pending: "pending", agreed: "ok", mismatch: "failed", too_small: "failed", failed: "failed" };
 
-  /** Whether the job aligns records: its alignment is known, or its mode aligns them. */
-  const aligns = () => Boolean(job.alignment) || job.mode === "vertical";
+  /** Whether the job aligns records (the coordinator serves an alignment for every job
+   * whose mode does, pending before any party reported). */
+  const aligns = () => Boolean(job.alignment);
 
   function drawAlignment() {
     alignmentHeading.hidden = !aligns();

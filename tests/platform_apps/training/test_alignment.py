@@ -135,7 +135,10 @@ def test_the_job_serves_its_alignment_state(
     make_job, three_hospitals, client_for, consortium_admin
 ) -> None:
     job = running(make_job)
-    assert alignment_summary(job) is None
+    # Pending before any party reported; a job of another mode has none.
+    assert alignment_summary(job)["status"] == "pending"
+    assert alignment_summary(job)["reported"] == 0
+    assert alignment_summary(services.job_start(job=make_job(state="scheduled"))) is None
     report(job, three_hospitals[0])
     client = client_for(consortium_admin)
     body = client.get(f"/api/jobs/{job.pk}/").json()
