@@ -18,6 +18,7 @@ import torch
 
 from medsplit.channel import Channel, InMemoryChannel, RelayKeys
 from medsplit.errors import ConfigError
+from medsplit.modes.base import JointServerRole
 from medsplit.protocol.roles import ClientRole, LossFn, StepIds, StepResult, eval_mode
 from medsplit.psi import Alignment, PsiClient, PsiServer, align, epoch_batches
 from medsplit.training.config import TrainingConfig
@@ -204,7 +205,7 @@ class VerticalJob:
 
     # -- the step ------------------------------------------------------------------------
 
-    def _roles(self) -> tuple[dict[str, ClientRole], object]:
+    def _roles(self) -> tuple[dict[str, ClientRole], JointServerRole]:
         cfg, model = self.config, self.model
         roles: dict[str, ClientRole] = {}
         for name in model.parties:
@@ -239,7 +240,9 @@ class VerticalJob:
             payload
         )
 
-    def _step(self, roles: Mapping[str, ClientRole], server, batch: AlignedBatch) -> StepResult:
+    def _step(
+        self, roles: Mapping[str, ClientRole], server: JointServerRole, batch: AlignedBatch
+    ) -> StepResult:
         keys = RelayKeys()
         streams = {n: keys.streams(self.config.job, n) for n in roles}
         up = down = 0

@@ -143,8 +143,8 @@ class JobSerializer(serializers.ModelSerializer):
         "aggregate's digest, who was left out and why; never a value"
     )
     alignment = serializers.SerializerMethodField(
-        help_text="its record alignment (jobs whose parties align records, once one "
-        "reported): status, the intersection's size and minimum; never a digest"
+        help_text="its record alignment (jobs whose parties align records: pending until "
+        "every party reported): status, the intersection's size and minimum; never a digest"
     )
     label_leakage = serializers.SerializerMethodField(
         help_text="its label-leakage audit (jobs with passive parties): per round and "
