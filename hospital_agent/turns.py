@@ -212,7 +212,10 @@ class TurnTaker:
             # Before anything is built: only a mode this agent was configured with runs,
             # and only a factory model from a module it lists (nothing of it imported).
             require_mode(assignment.mode, setting=EXTRA_MODES_SETTING)
-            require_model_module(assignment.description().model)
+            described = assignment.description()
+            # Every party builds every vertical party's model (the join's shapes).
+            for name in [described.model, *(f.model.name for f in described.party_fronts())]:
+                require_model_module(name)
         except (ConfigError, UnknownModelError) as e:  # a mode, a module, a description
             logger.error("job %s: %s", assignment.job, e)
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
@@ -393,10 +396,12 @@ class TurnTaker:
         (once per job: kept in its folder), its share of the model; ``None``, the
         problem reported to the coordinator, when it cannot start."""
         model, config = assignment.model(), assignment.config()
+        fronts = assignment.description().party_fronts()
+        own = {front.party: front.model for front in fronts}.get(self.me, model)
         try:
             records = load_vertical(
                 self.config.data,
-                input_shape=model.input_shape if self.config.data.kind != "table" else None,
+                input_shape=own.input_shape if self.config.data.kind != "table" else None,
                 num_classes=model.num_classes,
             )
             aligned = align_records(
@@ -419,6 +424,7 @@ class TurnTaker:
             return vertical_turn(
                 config=config,
                 job_model=model,
+                fronts=fronts,
                 participants=assignment.raw["participants"],
                 me=self.me,
                 position=ids.position,

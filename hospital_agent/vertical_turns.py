@@ -23,6 +23,7 @@ from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole
 from medsplit.psi import Alignment
 from medsplit.training.config import TrainingConfig
+from medsplit.training.party_models import PartyFront
 from medsplit.training.schedule import Batch, turn_limits
 from medsplit.training.setup import JobModel
 from medsplit.training.vertical_parts import (
@@ -60,23 +61,28 @@ def vertical_turn(
     features: torch.Tensor,
     labels: torch.Tensor | None,
     own_state: Path,
+    fronts: tuple[PartyFront, ...] = (),
 ) -> VerticalTurn:
     """``me``'s turn of round ``round_index`` over its aligned ``features`` (and
-    ``labels``, the label party's): it starts from the seeded model's segments in the
-    first round and from its own state (``own_state``) after.
+    ``labels``, the label party's): it starts from the seeded models' segments in the
+    first round and from its own state (``own_state``) after. ``fronts``: the parties
+    that run a model of their own (the job's ``party_models``).
 
     Raises:
-        DataProblem: the features are not of the job's input shape, or the label party
-            holds no labels; its own state of an earlier round is missing.
+        DataProblem: the features are not of this party's input shape (its own model's,
+            else the job's), or the label party holds no labels; its own state of an
+            earlier round is missing.
     """
-    shape = tuple(job_model.input_shape)
+    own = {front.party: front.model for front in fronts}.get(me, job_model)
+    shape = tuple(own.input_shape)
     if tuple(features.shape[1:]) != shape:
+        whose = "this party's own model's" if own is not job_model else "the job's"
         raise DataProblem(
-            f"this party's records are {tuple(features.shape[1:])}, the job's input is "
-            f"{shape}: a vertical job runs its model on every party's records as they are"
+            f"this party's records are {tuple(features.shape[1:])}, {whose} input is "
+            f"{shape}: a vertical job runs each party's model on its records as they are"
         )
     order = participants_in_order(participants)
-    model = job_vertical_model(job_model, config, order)
+    model = job_vertical_model(job_model, config, order, tuple(fronts))
     label_party = order[0] == me
     if label_party and labels is None:
         raise DataProblem(

@@ -28,6 +28,7 @@ from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
 from medsplit.cutting import SplitModel
 from medsplit.errors import MedSplitError
+from medsplit.models import require_model_module
 from medsplit.modes import GroupServer, require_mode
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.handoff import export_parties, import_parties
@@ -198,7 +199,10 @@ def _joint_plan(job: Job, config: TrainingConfig, round_index: int, claims: list
             f"{missing} no longer has a running one (its turn ended): the round cannot run "
             "for some parties only"
         )
-    model = job_vertical_model(job_model(job), config, participants)
+    fronts = job.job_description().party_fronts()
+    for front in fronts:
+        require_model_module(front.model.name)  # before anything of it is imported
+    model = job_vertical_model(job_model(job), config, participants, fronts)
     party = Party.create(copy.deepcopy(model.top), config.server_optimizer)
     start = _round_start(job, round_index, party)
     size = aligned_size(job)

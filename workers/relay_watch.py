@@ -50,7 +50,8 @@ def limits_of_job(job: Job) -> RelayLimits:
     """The relay bounds of ``job`` (its split is traced once per process and kept)."""
     described = job.job_description()
     config = described.training_config(f"job-{job.pk}")
-    return relay_limits(cached_split(described.job_model(), config.cuts), config)
+    fronts = [cached_split(f.model, (f.cut,)) for f in described.party_fronts()]
+    return relay_limits(cached_split(described.job_model(), config.cuts), config, fronts=fronts)
 
 
 def guard(client: redis.Redis | None = None) -> RelayGuard:

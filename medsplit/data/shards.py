@@ -16,7 +16,8 @@ class DataSplit:
 
     Attributes:
         images: float32, ``(N, C, H, W)`` (or ``(N, C, D, H, W)`` for volumes), values
-            in [0, 1] as produced by the loaders in this package.
+            in [0, 1] as produced by the loaders in this package; or a table's rows,
+            ``(N, F)`` (a vertical job's tabular party).
         labels: int64, ``(N,)``, class indices.
 
     Raises:
@@ -29,9 +30,10 @@ class DataSplit:
     def __post_init__(self) -> None:
         if not isinstance(self.images, torch.Tensor) or self.images.dtype != torch.float32:
             raise DataError(f"images must be a float32 tensor, got {_describe(self.images)}")
-        if self.images.dim() < 3:
+        if self.images.dim() < 2:
             raise DataError(
-                f"images must have shape (N, C, *spatial), got {tuple(self.images.shape)}"
+                "images must have shape (N, C, *spatial) (or a table's rows, (N, F)), got "
+                f"{tuple(self.images.shape)}"
             )
         if not isinstance(self.labels, torch.Tensor) or self.labels.dtype != torch.int64:
             raise DataError(f"labels must be an int64 tensor, got {_describe(self.labels)}")

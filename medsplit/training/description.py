@@ -23,16 +23,23 @@ from medsplit.models.factory import canonical_model_args, factory_module
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
+from medsplit.training.party_models import (
+    PartyFront,
+    PartyModelSpec,
+    party_models_from_json,
+    party_models_problems,
+)
 from medsplit.training.setup import JobModel
 from medsplit.wire.codecs import CODECS
 
 #: The version of the JSON form this code writes and reads. A party refuses any other
 #: one rather than guess at it; a change of meaning, a field added or one taken away
 #: bumps it (and the coordinator's migration carries stored jobs over).
-FORMAT = 2
+FORMAT = 3
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
-#: 2 without ``model_args`` (none: the registry models of its day take none).
-READS = (1, FORMAT)
+#: 2 without ``model_args`` (none: the registry models of its day take none); 2 is 3
+#: without ``party_models`` (none: every vertical party ran the job's model).
+READS = (1, 2, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
 MAX_SEED = 2**31 - 1
@@ -64,7 +71,9 @@ class JobDescription:
         spatial_dims: 2 or 3.
         in_channels: channels of an input.
         num_classes: classes the model tells apart, at least 2.
-        input_shape: one input's (C, H, W[, D]), C being ``in_channels``.
+        input_shape: one input's (C, H, W[, D]), C being ``in_channels``; a table model's
+            (``tabular_mlp``) is ``(F,)``, its ``F`` columns being ``in_channels`` (its
+            ``spatial_dims`` is then 2, unused: a table has no sides).
         cuts: submodule names to cut after, as many as the mode cuts.
         mode: a registered mode's name (:mod:`medsplit.modes`).
         mode_options: the mode's own settings (:meth:`SplitMode.options`), every one
@@ -77,6 +86,9 @@ class JobDescription:
         rounds: how many times every hospital takes a turn.
         codec: the wire codec (:data:`medsplit.wire.codecs.CODECS`; ``none`` is exact).
         seed: seeds the model's weights and every batch order.
+        party_models: in a vertical job, the parties (by hospital) that run a model of
+            their own rather than the job's (:mod:`medsplit.training.party_models`); the
+            label party, the first participant, always runs the job's model.
         version: the JSON form's version, :data:`FORMAT`.
 
     Raises:
@@ -100,6 +112,7 @@ class JobDescription:
     rounds: int = 1
     codec: str = "none"
     seed: int = 0
+    party_models: Mapping[str, PartyModelSpec] = field(default_factory=dict)
     version: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -134,6 +147,7 @@ class JobDescription:
             "rounds": self.rounds,
             "codec": self.codec,
             "seed": self.seed,
+            "party_models": {name: spec.to_json() for name, spec in self.party_models.items()},
         }
 
     @classmethod
@@ -176,7 +190,7 @@ class JobDescription:
                     "update the older of the two parties"
                 )
             return {"version": [reason]}
-        known = _FIELDS if version == FORMAT else _FIELDS_1
+        known = {1: _FIELDS_1, 2: _FIELDS_2}.get(version, _FIELDS)
         for key in data:
             if key not in known:
                 _add(problems, str(key), f"unknown field; known fields: {', '.join(known)}")
@@ -206,6 +220,17 @@ class JobDescription:
             input_shape=self.input_shape,
             seed=self.seed,
             model_args=canonical_model_args(self.model_args) if self.model_args else "",
+        )
+
+    def party_fronts(self) -> tuple[PartyFront, ...]:
+        """The parties with a model of their own, as every side builds their fronts."""
+        return tuple(
+            PartyFront(
+                name,
+                spec.job_model(num_classes=self.num_classes, seed=self.seed),
+                spec.cut,
+            )
+            for name, spec in self.party_models.items()
         )
 
     def training_config(self, job: str) -> TrainingConfig:
@@ -247,9 +272,11 @@ _FIELDS = (
     "rounds",
     "codec",
     "seed",
+    "party_models",
 )
-#: The fields of version 1.
-_FIELDS_1 = tuple(name for name in _FIELDS if name != "model_args")
+#: The fields of version 2 and of version 1.
+_FIELDS_2 = tuple(name for name in _FIELDS if name != "party_models")
+_FIELDS_1 = tuple(name for name in _FIELDS_2 if name != "model_args")
 _REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
 #: The integer fields and their least value.
 _AT_LEAST = {
@@ -291,7 +318,7 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
         elif name == "cuts":
             ok = isinstance(value, list | tuple) and all(isinstance(c, str) for c in value)
             value = tuple(value) if ok else value
-        elif name in ("mode_options", "model_args"):
+        elif name in ("mode_options", "model_args", "party_models"):
             ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
         else:  # the optimizers
             try:
@@ -354,6 +381,7 @@ def _check(
             _add(problems, side, f"must be an OptimizerConfig, got {values[side]!r}")
     _check_shape(values, problems, normal, present)
     mode = _check_mode(values, problems, normal, present, partial)
+    _check_party_models(mode, values, problems, normal, present)
     if mode is not None:
         _check_options(mode, values, problems, normal, present, partial)
         if "mode_options" in normal and "mode_options" not in problems:
@@ -385,6 +413,43 @@ def _check_model_args(values, problems, normal, present) -> None:
     normal["model_args"] = MappingProxyType(json.loads(text))  # a copy no caller holds
 
 
+def _check_party_models(mode: SplitMode | None, values, problems, normal, present) -> None:
+    """Own models only in a mode whose parties hold different features, each entry valid
+    (the coordinator checks the names against the participants and the cuts)."""
+    if not present("party_models"):
+        return
+    given = values["party_models"]
+    if not given:
+        normal["party_models"] = MappingProxyType({})
+        return
+    if mode is not None and not mode.feature_sets:
+        _add(
+            problems,
+            "party_models",
+            f"only a mode whose parties hold different features of the same patients runs "
+            f"a model per party; {mode.name} mode runs the job's model at every hospital",
+        )
+        return
+    reasons = party_models_problems(
+        {k: v.to_json() if isinstance(v, PartyModelSpec) else v for k, v in given.items()}
+    )
+    for reason in reasons:
+        _add(problems, "party_models", reason)
+    if not reasons:
+        normal["party_models"] = party_models_from_json(given)
+
+
+def _table_model(values, problems) -> bool:
+    """Whether the job's model is a registry model of table rows (its input ``(F,)``)."""
+    model = values.get("model")
+    if not isinstance(model, str) or "model" in problems or is_factory_name(model):
+        return False
+    try:
+        return len(get_model_spec(model).default_input_shape) == 1
+    except UnknownModelError:
+        return False
+
+
 def _check_shape(values, problems, normal, present) -> None:
     if not present("input_shape"):
         return
@@ -393,6 +458,21 @@ def _check_shape(values, problems, normal, present) -> None:
         _add(problems, "input_shape", f"must be positive integers, got {list(shape)}")
         return
     normal["input_shape"] = shape
+    if _table_model(values, problems):
+        if len(shape) != 1:
+            _add(
+                problems,
+                "input_shape",
+                f"{values['model']} takes a table's rows: its input_shape is (columns,), "
+                f"got {list(shape)}",
+            )
+        elif present("in_channels") and shape[0] != values["in_channels"]:
+            _add(
+                problems,
+                "input_shape",
+                f"{list(shape)} has {shape[0]} columns, not in_channels {values['in_channels']}",
+            )
+        return
     if present("spatial_dims") and len(shape) != values["spatial_dims"] + 1:
         _add(
             problems,

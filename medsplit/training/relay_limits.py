@@ -12,6 +12,7 @@ bound has its turn failed and its relay user suspended.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,11 +57,16 @@ class RelayLimits:
         return max(1, -(-self.frame_bytes // chunk_bytes))
 
 
-def relay_limits(split: SplitModel, config: TrainingConfig) -> RelayLimits:
-    """The bounds of ``config``'s job cut as ``split`` (see the module docstring)."""
+def relay_limits(
+    split: SplitModel, config: TrainingConfig, *, fronts: Sequence[SplitModel] = ()
+) -> RelayLimits:
+    """The bounds of ``config``'s job cut as ``split`` (see the module docstring);
+    ``fronts``: a vertical job's parties' own models, cut at their fronts, whose
+    embeddings cross too."""
     batch = config.batch_size
     per_sample = max(
-        sum(t.numel * t.dtype.itemsize for t in boundary) for boundary in split.boundaries
+        sum(t.numel * t.dtype.itemsize for t in boundary)
+        for boundary in [*split.boundaries, *(front.boundaries[0] for front in fronts)]
     )
     # Labels (int64, where they cross) and the logits of validation (at most the classes
     # of a float64 output) are smaller than any cut in the registry, but are counted anyway.

@@ -1,10 +1,12 @@
 """What each side of a vertical job builds from its description, identically.
 
 On the platform every party runs the job's model on its own features of the same
-patients (its own copy of the model's front); the label party is the job's first
-participant. The worker and every agent build the same :class:`VerticalModel` from the
-job's model, seed and participants, so the top's starting weights and each front's are
-the segments of one seeded model, without any weights crossing. Each side then takes its
+patients (its own copy of the model's front), or a model of its own where the job's
+``party_models`` names one (a table's rows through ``tabular_mlp``); the label party is
+the job's first participant and always runs the job's model. The worker and every agent
+build the same :class:`VerticalModel` from the job's models, seed and participants, so
+the top's starting weights and each front's are the segments of seeded models, without
+any weights crossing. Each side then takes its
 share: a party its front (the label party its head too), the worker the top.
 """
 
@@ -23,10 +25,16 @@ from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, StepIds
 from medsplit.psi import Alignment
 from medsplit.training.config import TrainingConfig
+from medsplit.training.party_models import PartyFront
 from medsplit.training.schedule import Batch
 from medsplit.training.setup import JobModel
 from medsplit.training.vertical_job import LabelBoundaries, aligned_steps
-from medsplit.training.vertical_model import VerticalModel, build_vertical, same_model_parts
+from medsplit.training.vertical_model import (
+    PartyModel,
+    VerticalModel,
+    build_vertical,
+    same_model_parts,
+)
 
 
 def vertical_mode(config: TrainingConfig) -> SplitMode:
@@ -43,17 +51,37 @@ def vertical_mode(config: TrainingConfig) -> SplitMode:
 
 @functools.lru_cache(maxsize=4)
 def job_vertical_model(
-    model: JobModel, config: TrainingConfig, participants: tuple[str, ...]
+    model: JobModel,
+    config: TrainingConfig,
+    participants: tuple[str, ...],
+    fronts: tuple[PartyFront, ...] = (),
 ) -> VerticalModel:
     """The job's vertical model over ``participants`` (in position order, the first the
-    label party), each with its own copy of ``model``'s front; built once per process.
-    Parties take their own copies of its segments (:func:`party_parties`)."""
+    label party): each party with its own copy of ``model``'s front, or of its own model's
+    where ``fronts`` names one; built once per process. Parties take their own copies of
+    its segments (:func:`party_parties`).
+
+    Raises:
+        ConfigError: ``fronts`` names the label party or a hospital not taking part, or
+            the models do not fit together (:func:`build_vertical`).
+        CutError: a party's model cannot be cut where its entry says.
+    """
+    own = {front.party: front for front in fronts}
+    strangers = sorted(set(own) - set(participants[1:]))
+    if strangers:
+        raise ConfigError(
+            f"the job's party_models name {strangers}, which are not among its parties "
+            f"other than the label party {participants[0]!r} (it runs the job's model): "
+            f"{list(participants[1:])}"
+        )
     example = torch.zeros(2, *model.input_shape)
+    parts = same_model_parts(model.build(), example, config.cuts, list(participants))
+    for name, front in own.items():
+        parts[name] = PartyModel(
+            front.model.build(), torch.zeros(2, *front.model.input_shape), (front.cut,)
+        )
     return build_vertical(
-        same_model_parts(model.build(), example, config.cuts, list(participants)),
-        mode=vertical_mode(config),
-        label_party=participants[0],
-        seed=config.seed,
+        parts, mode=vertical_mode(config), label_party=participants[0], seed=config.seed
     )
 
 
@@ -84,8 +112,8 @@ def party_role(
 
 
 def aligned_split(features: torch.Tensor, labels: torch.Tensor | None) -> DataSplit:
-    """A party's aligned rows as a data split (a passive party's labels are zeros: it has
-    none, and its frames carry none)."""
+    """A party's aligned rows (images, or a table's rows) as a data split (a passive
+    party's labels are zeros: it has none, and its frames carry none)."""
     if labels is None:
         labels = torch.zeros(len(features), dtype=torch.int64)
     return DataSplit(features, labels)

@@ -59,6 +59,7 @@ from medsplit.models.factory import (
 from medsplit.models.registry import build_model, get_model_spec
 from medsplit.modes import MODES, SplitMode
 from medsplit.training.description import FORMAT, MAX_SEED, JobDescription
+from medsplit.training.vertical_parts import job_vertical_model
 from training.apps import MODEL_MODULES_SETTING
 from training.models import OnFailure
 
@@ -206,6 +207,15 @@ class JobInput(serializers.Serializer):
         "left to on_failure (skip: the round goes on without it)",
     )
     participants = ParticipantInput(many=True, allow_empty=False, max_length=MAX_PARTICIPANTS)
+    party_models = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="vertical mode only: the participants (by hospital slug, never the first, "
+        "the label party, which runs the job's model) that run a model of their own on "
+        'their own kind of records, e.g. {"lab": {"model": "tabular_mlp", "input_shape": '
+        '[12], "cut": "block1"}} (model_args for a MODULE:FACTORY model); each embedding '
+        "must fit the join (sum and mean: the label party's shape; concat: its dimensions)",
+    )
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,7 @@ _DESCRIBED = (
     "rounds",
     "codec",
     "seed",
+    "party_models",
 )
 
 
@@ -304,7 +315,13 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
             f"{mode.name}`",
         )
     participants = _check_participants(values, mode, errors)
-    shape = _common_shape(participants, errors) if participants else None
+    own = _party_model_names(values, participants, errors)
+    rows = mode is not None and mode.feature_sets  # a vertical party may hold a table
+    shape = None
+    if participants:
+        common = [p for p in participants if p.hospital.slug not in own]
+        shape = _common_shape(common, errors, rows=rows)
+        _check_own_shapes(values, participants, own, errors)
     spatial_dims, in_channels = _check_dims(values, shape, errors)
     _check_labels(values, participants or (), errors)
     described = {name: values[name] for name in _DESCRIBED if name in values}
@@ -316,14 +333,21 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
             errors.add(field, reason)
     model = _model_ref(values, errors)
     _check_cuts(values, model, shape, spatial_dims, in_channels, errors)
+    _check_party_cuts(values, errors)
 
     if errors.by_field:
         fields_named = ", ".join(sorted(errors.by_field))
         raise InvalidInput(f"the job is not valid: see {fields_named}", details=errors.by_field)
     assert participants is not None
+    description = JobDescription.from_json({"version": FORMAT, **described})
+    problem = _vertical_problem(description, tuple(p.hospital.slug for p in participants))
+    if problem is not None:
+        raise InvalidInput(
+            "the job is not valid: see party_models", details={"party_models": [problem]}
+        )
     return JobSpec(
         name=values["name"],
-        description=JobDescription.from_json({"version": FORMAT, **described}),
+        description=description,
         on_failure=values["on_failure"],
         max_retries=values["max_retries"],
         round_deadline_seconds=values["round_deadline_seconds"],
@@ -432,17 +456,21 @@ def _check_participants(
     return [_Participant(found[e["hospital"]], e.get("feature_set", "")) for e in entries]
 
 
-def _common_shape(participants: list[_Participant], errors: _Errors) -> tuple[int, ...] | None:
-    """The one image shape every participant reported, or ``None`` (with a reason)."""
+def _common_shape(
+    participants: list[_Participant], errors: _Errors, *, rows: bool = False
+) -> tuple[int, ...] | None:
+    """The one image shape every participant reported, or ``None`` (with a reason);
+    ``rows``: a table's ``[columns]`` counts as a shape too (a vertical party's)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for p in participants:
         raw = p.hospital.dataset_summary.get("image_shape")
-        shape = _as_shape(raw)
+        shape = _as_shape(raw, rows=rows)
         if shape is None:
             errors.add(
                 "participants",
                 f"hospital {p.hospital.slug!r} reported an unusable image shape {raw!r}; "
-                "expected [channels, height, width] or [channels, height, width, depth]",
+                "expected [channels, height, width] or [channels, height, width, depth]"
+                + (" (or [columns] for a table)" if rows else ""),
             )
             return None
         shapes[p.hospital.slug] = shape
@@ -456,8 +484,8 @@ def _common_shape(participants: list[_Participant], errors: _Errors) -> tuple[in
     return next(iter(shapes.values()))
 
 
-def _as_shape(raw: object) -> tuple[int, ...] | None:
-    if not isinstance(raw, list | tuple) or len(raw) not in (3, 4):
+def _as_shape(raw: object, *, rows: bool = False) -> tuple[int, ...] | None:
+    if not isinstance(raw, list | tuple) or len(raw) not in ((1, 3, 4) if rows else (3, 4)):
         return None
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in raw):
         return None
@@ -474,6 +502,14 @@ def _check_dims(
     in_channels = values.get("in_channels")
     if shape is None:
         return spatial_dims, in_channels
+    if len(shape) == 1:  # a table's columns: its model's channels; it has no sides
+        if in_channels is not None and in_channels != shape[0]:
+            errors.add(
+                "in_channels",
+                f"the participants' table has {shape[0]} columns, so in_channels is "
+                f"{shape[0]}, not {in_channels}",
+            )
+        return 2, shape[0]
     if spatial_dims is not None and spatial_dims != len(shape) - 1:
         errors.add(
             "spatial_dims",
@@ -487,6 +523,107 @@ def _check_dims(
             f"{shape[0]}, not {in_channels}",
         )
     return len(shape) - 1, shape[0]
+
+
+def _party_model_names(
+    values: dict[str, Any], participants: list[_Participant] | None, errors: _Errors
+) -> set[str]:
+    """The participants that run a model of their own; each name must be a participant
+    other than the first (the label party runs the job's model)."""
+    given = values.get("party_models") or {}
+    if not isinstance(given, Mapping) or participants is None:
+        return set()
+    slugs = [p.hospital.slug for p in participants]
+    for name in given:
+        if name == slugs[0]:
+            errors.add(
+                "party_models",
+                f"{name!r} is the label party (the first participant): it runs the job's "
+                "model, so it cannot run one of its own; list another hospital first, or "
+                "make this model the job's",
+            )
+        elif name not in slugs:
+            errors.add(
+                "party_models",
+                f"{name!r} is not a participant of the job ({', '.join(slugs)})",
+            )
+    return {name for name in given if name in slugs[1:]}
+
+
+def _check_own_shapes(
+    values: dict[str, Any], participants: list[_Participant], own: set[str], errors: _Errors
+) -> None:
+    """Each party with a model of its own reported records of that model's input shape."""
+    given = values.get("party_models") or {}
+    for p in participants:
+        slug = p.hospital.slug
+        if slug not in own or not isinstance(given.get(slug), Mapping):
+            continue
+        raw = p.hospital.dataset_summary.get("image_shape")
+        wanted = given[slug].get("input_shape")
+        if _as_shape(raw, rows=True) is None:
+            errors.add(
+                "participants",
+                f"hospital {slug!r} reported an unusable record shape {raw!r}; expected "
+                "[columns] for a table or [channels, height, width(, depth)] for images",
+            )
+        elif list(raw) != list(wanted or []):
+            errors.add(
+                "party_models",
+                f"{slug}: its records are {list(raw)}, its model's input_shape is "
+                f"{wanted!r}: they must be the same",
+            )
+
+
+def _check_party_cuts(values: dict[str, Any], errors: _Errors) -> None:
+    """Each party's own model is one this coordinator builds, and its cut is in its cut
+    table at its input shape."""
+    given = values.get("party_models") or {}
+    if "party_models" in errors or "num_classes" not in values or not isinstance(given, Mapping):
+        return
+    for slug, entry in given.items():
+        name, args = entry["model"], canonical_model_args(entry.get("model_args") or {})
+        if is_factory_name(name):
+            listed = model_modules()
+            if not module_allowed(factory_module(name), listed.modules):
+                errors.add(
+                    "party_models",
+                    f"{slug}: model module {factory_module(name)!r} is not one the "
+                    f"coordinator lists in {MODEL_MODULES_SETTING} "
+                    f"({', '.join(listed.modules) or 'none listed'})",
+                )
+                continue
+        shape = tuple(entry["input_shape"])
+        rows, problem = _cut_table_cached(
+            name, args, max(2, len(shape) - 1), shape[0], values["num_classes"], shape
+        )
+        if problem is not None:
+            errors.add("party_models", f"{slug}: {name} does not run on {list(shape)}: {problem}")
+        elif entry["cut"] not in [row.name for row in rows]:
+            valid = ", ".join(row.name for row in rows)
+            errors.add(
+                "party_models", f"{slug}: unknown cut {entry['cut']!r} for {name}; valid: {valid}"
+            )
+
+
+def _vertical_problem(description: JobDescription, participants: tuple[str, ...]) -> str | None:
+    """Why the parties' models do not fit together as one vertical model (a front that
+    lets more than one tensor cross, embeddings the join cannot combine), or ``None``."""
+    if not description.party_models:
+        return None
+    try:
+        with _TRACE_LOCK, torch.no_grad():
+            job_vertical_model(
+                description.job_model(),
+                description.training_config("check"),
+                participants,
+                description.party_fronts(),
+            )
+    except (ConfigError, CutError) as e:
+        return str(e)
+    except Exception as e:  # a factory's own code failed: its error, told
+        return f"the parties' models do not run together: {type(e).__name__}: {e}"
+    return None
 
 
 def _check_labels(

@@ -83,7 +83,7 @@ def test_the_json_form_round_trips_through_text() -> None:
     back = JobDescription.from_json(json.loads(text))
     assert back == description
     assert back.to_json() == description.to_json()
-    assert back.to_json()["version"] == FORMAT == 2
+    assert back.to_json()["version"] == FORMAT == 3
 
 
 def test_defaults_are_filled_in() -> None:
@@ -110,22 +110,22 @@ def test_it_gives_todays_training_config_and_model() -> None:
     assert description.split_mode is MODES["vanilla"]
 
 
-@pytest.mark.parametrize("version", [0, 3, "1", None, True, 1.0, 2.0])
+@pytest.mark.parametrize("version", [0, 4, "1", None, True, 1.0, 2.0])
 def test_another_version_is_refused_before_anything_else(version) -> None:
     # The fields of another version mean what that version says: none is looked at.
     problems = problems_of(described(version=version, model="alexnet", cuts=[]))
     assert list(problems) == ["version"]
     if version is True or version in (1, 2):  # 1.0 == 1 == True: only integers are read
-        assert "is not one this party reads (it reads 1, 2)" in problems["version"][0]
+        assert "is not one this party reads (it reads 1, 2, 3)" in problems["version"][0]
 
 
 def test_a_missing_version_is_refused() -> None:
     data = described()
     del data["version"]
-    assert problems_of(data) == {"version": ["required: the JSON form's version (2 here)"]}
+    assert problems_of(data) == {"version": ["required: the JSON form's version (3 here)"]}
 
 
-def test_version_1_is_read_as_version_2() -> None:
+def test_version_1_is_read_as_today_s() -> None:
     """A stored or sent description of version 1 (before model_args) reads as today's
     form; model_args is not one of its fields."""
     old = described(version=1)
@@ -134,6 +134,68 @@ def test_version_1_is_read_as_version_2() -> None:
     assert description.version == FORMAT and description.to_json()["model_args"] == {}
     problems = problems_of(described(version=1, model_args={}))
     assert list(problems) == ["model_args"] and "unknown field" in problems["model_args"][0]
+
+
+def test_version_2_is_read_as_today_s() -> None:
+    """Version 2 (before party_models) reads as today's form, every party on the job's
+    model; party_models is not one of its fields."""
+    description = JobDescription.from_json(described(version=2))
+    assert description == JobDescription.from_json(described())
+    assert description.to_json()["party_models"] == {} and description.party_fronts() == ()
+    problems = problems_of(described(version=2, party_models={}))
+    assert list(problems) == ["party_models"] and "unknown field" in problems["party_models"][0]
+
+
+TABLE_PARTY = {"model": "tabular_mlp", "input_shape": [12], "cut": "block1"}
+
+
+def test_a_vertical_party_runs_a_model_of_its_own() -> None:
+    description = JobDescription.from_json(
+        described(
+            mode="vertical",
+            cuts=["pool1", "pool"],
+            party_models={"lab": {**TABLE_PARTY, "model_args": {}}},
+        )
+    )
+    (front,) = description.party_fronts()
+    assert front.party == "lab" and front.cut == "block1"
+    assert front.model.input_shape == (12,) and front.model.in_channels == 12
+    assert front.model.seed == description.seed
+    assert JobDescription.from_json(json.loads(json.dumps(description.to_json()))) == description
+
+
+def test_a_table_model_takes_a_row_of_columns() -> None:
+    description = JobDescription.from_json(
+        described(
+            model="tabular_mlp",
+            input_shape=[12],
+            in_channels=12,
+            mode="vertical",
+            cuts=["block1", "block3"],
+        )
+    )
+    assert description.job_model().input_shape == (12,)
+    problems = problems_of(described(model="tabular_mlp", input_shape=[1, 28, 28]))
+    assert "takes a table's rows" in problems["input_shape"][0]
+
+
+@pytest.mark.parametrize(
+    ("party_models", "reason"),
+    [
+        ({"lab": TABLE_PARTY}, "only a mode whose parties hold different features"),
+        ({"lab": {**TABLE_PARTY, "cut": ""}}, "lab: cut must be a submodule's name"),
+        ({"lab": {**TABLE_PARTY, "input_shape": [0]}}, "lab: input_shape must be 1 to 4"),
+        ({"lab": {**TABLE_PARTY, "model": "alexnet"}}, "lab: unknown model 'alexnet'"),
+        ({"lab": {**TABLE_PARTY, "depth": 3}}, "lab: unknown key 'depth'"),
+        ({"lab": {**TABLE_PARTY, "model_args": {"a": 1}}}, "lab: tabular_mlp is a registry"),
+        ({"lab": "tabular_mlp"}, "lab: an object with model"),
+    ],
+)
+def test_a_wrong_party_model_is_named(party_models, reason) -> None:
+    mode = {} if "only a mode" in reason else {"mode": "vertical", "cuts": ["pool1", "pool"]}
+    problems = problems_of(described(party_models=party_models, **mode))
+    assert list(problems) == ["party_models"], problems
+    assert problems["party_models"][0].startswith(reason), problems
 
 
 def test_missing_and_unknown_fields_are_named() -> None:

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from medsplit.channel import InMemoryChannel
+from medsplit.errors import ConfigError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
+from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel
 from medsplit.training.vertical_job import VerticalParty, align_parties
@@ -200,3 +202,32 @@ def _keep(outcomes: dict, name: str, run) -> None:
 
 def _batches(config, alignment, data, round_: int, *, position: int):
     return party_batches(config, alignment, data, round_=round_, position=position)
+
+
+def test_a_party_named_in_party_models_runs_a_front_of_its_own() -> None:
+    """The lab (the label party) runs the job's table model, the imaging site its own CNN;
+    naming the label party, or a stranger, is refused before anything is built."""
+    described = JobDescription.from_json(
+        {
+            "version": 3,
+            "model": "tabular_mlp",
+            "spatial_dims": 2,
+            "in_channels": 12,
+            "num_classes": 2,
+            "input_shape": [12],
+            "mode": "vertical",
+            "mode_options": {"join": "sum", "labels": "hospital"},
+            "cuts": ["block1", "block3"],
+            "party_models": {
+                "imaging": {"model": "small_cnn", "input_shape": [1, 28, 28], "cut": "flatten"}
+            },
+        }
+    )
+    config, fronts = described.training_config("job-1"), described.party_fronts()
+    model = job_vertical_model(described.job_model(), config, ("lab", "imaging"), fronts)
+    rows, images = torch.zeros(3, 12), torch.zeros(3, 1, 28, 28)
+    assert model.fronts["lab"](rows)[model.inputs["lab"].name].shape == (3, 64)
+    assert model.fronts["imaging"](images)[model.inputs["imaging"].name].shape == (3, 64)
+    assert any(isinstance(m, torch.nn.Conv2d) for m in model.fronts["imaging"].modules())
+    with pytest.raises(ConfigError, match=r"name \['imaging'\], which are not among"):
+        job_vertical_model(described.job_model(), config, ("imaging", "lab"), fronts)

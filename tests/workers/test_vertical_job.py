@@ -1,6 +1,9 @@
 """Vertical split learning through the platform, with real processes: the coordinator (a
 live server), the real Redis with a user per hospital, a Celery worker and beat, and two
-agent processes holding different halves of the same patients' images.
+agent processes holding different data about the same patients: a lab's table of
+numeric values with the diagnoses (the label party, running the job's ``tabular_mlp``)
+and an imaging site's X-rays (running a model of its own, ``small_cnn``, named in the
+job's ``party_models``).
 
 The agents align their records by private set intersection over the relay (the label
 party, the first participant, as the client), the coordinator compares their digests,
@@ -28,7 +31,7 @@ from medsplit.protocol.handoff import import_parties
 from medsplit.protocol.party import Party
 from medsplit.psi import Alignment, common_order
 from medsplit.training.verify import deterministic
-from medsplit.training.vertical_model import image_parts, train_vertical_unsplit
+from medsplit.training.vertical_model import train_vertical_unsplit
 from medsplit.training.vertical_parts import (
     aligned_split,
     job_vertical_model,
@@ -50,6 +53,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 N = 96
 #: The second party lacks the first ten patients and lists the rest in its own order.
 MISSING = 10
+#: The lab's numeric columns.
+COLUMNS = 12
 
 
 @pytest.fixture
@@ -83,20 +88,37 @@ def _write_party(folder: Path, name: str, images: torch.Tensor, labels, ids) -> 
     }
 
 
+def _write_table(folder: Path, features: torch.Tensor, labels, ids) -> dict[str, str]:
+    """A CSV of identifier, numeric columns and label: the lab's records."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "lab.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", *(f"value{c}" for c in range(COLUMNS)), "diagnosis"])
+        for i, row, label in zip(ids, features.tolist(), labels, strict=True):
+            writer.writerow([i, *(f"{v:.6f}" for v in row), int(label)])
+    return {
+        "MEDSPLIT_AGENT_DATA_KIND": "table",
+        "MEDSPLIT_AGENT_DATA_PATH": str(path),
+        "MEDSPLIT_AGENT_DATA_LABEL_COLUMN": "diagnosis",
+    }
+
+
 def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     processes: Processes, consortium: str, redis_url: str, tmp_path: Path, admin_actor
 ) -> None:
     data = synthetic_split(N, shape=(1, 28, 28), seed=4)
-    left, right = image_parts(data.images, 2)
+    generator = torch.Generator().manual_seed(5)
+    values = torch.randn(N, COLUMNS, generator=generator) + data.labels[:, None].float()
     ids = [f"patient-{i:04d}" for i in range(N)]
     order = list(range(MISSING, N))
     random.Random(1).shuffle(order)
     own = {
-        0: _write_party(tmp_path / "data", "label", left, data.labels.numpy(), ids),
+        0: _write_table(tmp_path / "data", values, data.labels.tolist(), ids),
         1: _write_party(
             tmp_path / "data",
-            "passive",
-            right[order],
+            "imaging",
+            data.images[order],
             np.zeros(len(order), dtype=np.int64),
             [ids[i] for i in order],
         ),
@@ -105,15 +127,21 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     with workers_relay_user(redis_url, processes):
         processes.celery_worker("worker-a")
         processes.celery_beat()
+        imaging = agents.hospitals[1].slug
         job = small_job(
             admin_actor,
             agents.hospitals,
+            model="tabular_mlp",
             mode="vertical",
             mode_options={"join": "sum", "labels": "hospital", "min_records": 10},
-            cuts=["pool1", "pool"],
+            cuts=["block1", "block3"],
+            party_models={
+                imaging: {"model": "small_cnn", "input_shape": [1, 28, 28], "cut": "flatten"}
+            },
             rounds=2,
             max_steps_per_turn=3,
         )
+        assert job.job_description().input_shape == (COLUMNS,)
         wait_completed(processes, job, agents, 300)
 
     turns = sorted(Turn.objects.filter(job=job), key=lambda t: (t.round_id, t.position))
@@ -138,21 +166,30 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     # The reference: the unsplit multi-input model over the same aligned batches.
     config = job.training_config()
     participants = tuple(h.slug for h in agents.hospitals)
-    model = job_vertical_model(job_model(job), config, participants)
+    fronts = job.job_description().party_fronts()
+    model = job_vertical_model(job_model(job), config, participants, fronts)
     shared = set(ids[MISSING:])
     alignment = Alignment(common_order(tuple(shared), seed=config.seed), config.seed)
     rows = {}
-    for i, hospital in enumerate(agents.hospitals):
-        env = own[i]
-        records = load_vertical(
+    sources = [
+        (
+            DataSource(
+                kind="table", path=own[0]["MEDSPLIT_AGENT_DATA_PATH"], label_column="diagnosis"
+            ),
+            None,
+        ),
+        (
             DataSource(
                 kind="medmnist",
-                path=env["MEDSPLIT_AGENT_DATA_PATH"],
-                identifiers_csv=env["MEDSPLIT_AGENT_DATA_IDENTIFIERS_CSV"],
+                path=own[1]["MEDSPLIT_AGENT_DATA_PATH"],
+                identifiers_csv=own[1]["MEDSPLIT_AGENT_DATA_IDENTIFIERS_CSV"],
             ),
-            input_shape=(1, 28, 28),
-            num_classes=2,
-        )
+            (1, 28, 28),
+        ),
+    ]
+    for i, hospital in enumerate(agents.hospitals):
+        source, shape = sources[i]
+        records = load_vertical(source, input_shape=shape, num_classes=2)
         index = torch.tensor(alignment.positions(records.identifiers, source=hospital.slug))
         labels = records.labels[index] if i == 0 else None
         rows[hospital.slug] = aligned_split(records.features[index], labels)

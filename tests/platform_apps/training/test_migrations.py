@@ -3,6 +3,8 @@ as the columns did; going back gives the columns back."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
@@ -13,6 +15,8 @@ from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+VERSION_3 = importlib.import_module("training.migrations.0013_description_version_3")
 
 BEFORE = [("training", "0007_turn_group")]
 AFTER = [("training", "0008_job_description")]
@@ -52,8 +56,14 @@ def test_an_existing_job_gets_the_description_its_columns_held_and_back() -> Non
         executor.migrate(AFTER)
         job = _model(executor, AFTER).objects.get(pk=old.pk)
         described = JobDescription.from_json(job.description)
-        # Already normal, every field: version 1 (0010_model_args makes it version 2).
-        assert described.to_json() == {**job.description, "version": 2, "model_args": {}}
+        # Already normal, every field: version 1 (0010_model_args makes it version 2,
+        # 0013_description_version_3 version 3).
+        assert described.to_json() == {
+            **job.description,
+            "version": 3,
+            "model_args": {},
+            **VERSION_3.ADDED,
+        }
         assert described.training_config(f"job-{job.pk}") == TrainingConfig(
             cuts=("pool1", "pool"),
             mode="ushaped",
@@ -78,6 +88,56 @@ def test_an_existing_job_gets_the_description_its_columns_held_and_back() -> Non
             if name != "server_optimizer":
                 assert getattr(back, name) == value, name
         assert back.server_optimizer == OptimizerConfig(momentum=0.9).to_json()
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_version_2_descriptions_become_version_3_and_back_unless_they_use_it() -> None:
+    before = [("training", "0012_label_leakage")]
+    after = [("training", VERSION_3.__name__.rsplit(".", 1)[-1])]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    Job = _model(executor, before)
+    description = JobDescription.from_json(
+        {
+            "version": 3,
+            "model": "small_cnn",
+            "spatial_dims": 2,
+            "in_channels": 1,
+            "num_classes": 2,
+            "input_shape": [1, 28, 28],
+            "cuts": ["pool1"],
+        }
+    ).to_json()
+    stored = {k: v for k, v in description.items() if k not in VERSION_3.ADDED}
+    old = Job.objects.create(
+        name="old",
+        state="draft",
+        state_changed_at=timezone.now(),
+        model_name="small_cnn",
+        mode="vanilla",
+        rounds=1,
+        description={**stored, "version": 2},
+    )
+    try:
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+        job = _model(executor, after).objects.get(pk=old.pk)
+        assert job.description == description  # every added field at its default
+        assert JobDescription.from_json(job.description).to_json() == description
+
+        executor = MigrationExecutor(connection)
+        executor.migrate(before)
+        assert _model(executor, before).objects.get(pk=old.pk).description["version"] == 2
+
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+        using = _model(executor, after).objects.get(pk=old.pk)
+        using.description = {**description, "party_models": {"lab": {"model": "tabular_mlp"}}}
+        using.save(update_fields=["description"])
+        with pytest.raises(RuntimeError, match=r"jobs \[\d+\] use fields of version 3"):
+            MigrationExecutor(connection).migrate(before)
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())

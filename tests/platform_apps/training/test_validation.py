@@ -32,7 +32,7 @@ def test_a_valid_job_is_normalised(job_data, three_hospitals) -> None:
     assert d.cuts == ("pool1",) and d.mode == "vanilla"
     assert d.client_optimizer.momentum == 0.9
     stored = d.to_json()
-    assert stored["version"] == 2 and stored["mode_options"] == {} and stored["model_args"] == {}
+    assert stored["version"] == 3 and stored["mode_options"] == {} and stored["model_args"] == {}
     assert stored["client_optimizer"]["schedule"] == "constant"  # defaults filled in
     assert stored["server_optimizer"]["betas"] == [0.9, 0.999]
     assert [h for h, _ in spec.participants] == three_hospitals
@@ -87,6 +87,67 @@ def test_a_vertical_job_needs_two_parties_and_a_minimum_that_protects_them(
         data=job_data(mode="vertical", cuts=["pool1"], mode_options={"labels": "server"})
     )
     assert spec.description.mode_options == {"join": "sum", "labels": "server", "min_records": 100}
+
+
+IMAGING = {"model": "small_cnn", "input_shape": [1, 28, 28], "cut": "flatten"}
+
+
+def _lab_and_imaging(job_data, hospitals, **overrides):
+    """A lab (its table of 12 values and the labels, the job's tabular_mlp) and an imaging
+    site running small_cnn of its own."""
+    report(hospitals[0], shape=[12])
+    data = job_data(
+        model="tabular_mlp",
+        mode="vertical",
+        cuts=["block1", "block3"],
+        participants=[{"hospital": h.slug} for h in hospitals[:2]],
+        party_models={hospitals[1].slug: IMAGING},
+    )
+    return {**data, **overrides}
+
+
+def test_a_vertical_party_may_run_a_model_of_its_own(job_data, three_hospitals) -> None:
+    spec = job_spec_validate(data=_lab_and_imaging(job_data, three_hospitals))
+    d = spec.description
+    assert d.input_shape == (12,) and d.in_channels == 12
+    (front,) = d.party_fronts()
+    assert (front.party, front.model.name, front.cut) == (
+        three_hospitals[1].slug,
+        "small_cnn",
+        "flatten",
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        ("label party", "party_models", "is the label party (the first participant)"),
+        ("stranger", "party_models", "'nowhere' is not a participant of the job"),
+        (
+            "shape",
+            "party_models",
+            "its records are [1, 28, 28], its model's input_shape is [1, 32, 32]",
+        ),
+        ("cut", "party_models", "unknown cut 'conv9' for small_cnn"),
+        ("join", "party_models", "needs every party's embedding of one shape"),
+        ("horizontal", "party_models", "only a mode whose parties hold different features"),
+    ],
+)
+def test_a_party_model_that_does_not_fit_is_refused(
+    job_data, three_hospitals, change, field, reason
+) -> None:
+    lab, imaging = three_hospitals[0].slug, three_hospitals[1].slug
+    models = {
+        "label party": {lab: IMAGING},
+        "stranger": {"nowhere": IMAGING},
+        "shape": {imaging: {**IMAGING, "input_shape": [1, 32, 32]}},
+        "cut": {imaging: {**IMAGING, "cut": "conv9"}},
+        "join": {imaging: {**IMAGING, "cut": "pool1"}},  # a (16, 14, 14) map, not a vector
+        "horizontal": {imaging: IMAGING},
+    }[change]
+    extra = {"mode": "vanilla", "cuts": ["block1"]} if change == "horizontal" else {}
+    details = refused(_lab_and_imaging(job_data, three_hospitals, party_models=models, **extra))
+    assert reason in " ".join(details[field]), details
 
 
 def test_options_the_platform_does_not_run_yet_are_refused(job_data, monkeypatch) -> None:
