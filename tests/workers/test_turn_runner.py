@@ -237,3 +237,31 @@ def test_a_job_naming_a_model_module_this_worker_does_not_list_fails_before_impo
     with listed(["monai"], setting=MODEL_MODULES_SETTING):
         assert job_limits(f"job-{job.pk}", turn.hospital.slug) is None
     assert not marked.imported()
+
+
+def test_a_vertical_round_without_every_party_s_turn_fails_the_others_saying_why(
+    runtime: str, make_job, admin_actor: Actor, three_hospitals
+) -> None:
+    """A vertical step needs every party's frame: a round whose other turn no longer runs
+    (its agent gone, its turn ended) fails the running one with the reason, once, rather
+    than serving half a round or being sent again forever."""
+    from workers import group_runner
+
+    job = scheduled(
+        make_job,
+        admin_actor,
+        mode="vertical",
+        cuts=["pool1", "pool"],
+        mode_options={"min_records": 10},
+        participants=[{"hospital": h.slug} for h in three_hospitals[:2]],
+        on_failure="fail",
+    )
+    job_advance(job_id=job.pk)
+    label, passive = Turn.objects.filter(job=job).order_by("position")
+    assert label.status == passive.status == Turn.Status.RUNNING, "the round's turns start at once"
+    Turn.objects.filter(pk=passive.pk).update(status=Turn.Status.FAILED)  # it ended elsewhere
+    assert group_runner.run(label.pk, runner="r") == "failed"
+    label.refresh_from_db()
+    assert label.status == Turn.Status.FAILED
+    assert "needs every party's turn at once" in label.failure_reason
+    assert passive.hospital.slug in label.failure_reason
