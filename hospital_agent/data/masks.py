@@ -91,16 +91,20 @@ def check_mask_classes(
         problems.add(None, f"{bad - _MAX_CLASS_PROBLEMS} more masks hold classes outside the job's")
 
 
-def _pairs_from_folders(folder: Path, problems: Problems) -> list[tuple[str, str]]:
+def _pairs_from_folders(
+    folder: Path, problems: Problems, *, labels_csv: bool = False
+) -> list[tuple[str, str]]:
     """``(image, mask)`` paths of the files that ``images/`` and ``masks/`` share."""
     images_dir, masks_dir = folder / IMAGES_DIR, folder / MASKS_DIR
     for sub in (images_dir, masks_dir):
         if not sub.is_dir():
-            problems.add(
-                os.fspath(sub),
+            reason = (
                 f"no such folder: a segmentation folder holds {IMAGES_DIR}/ and {MASKS_DIR}/ "
-                "(an image and its mask share a file name), or give masks_csv",
+                "(an image and its mask share a file name), or give masks_csv"
             )
+            if labels_csv:  # read by classification sets only
+                reason += " (labels_csv is set: for a set of labels, leave task unset)"
+            problems.add(os.fspath(sub), reason)
     if problems:
         return []
     images = {p.name for p in images_dir.iterdir() if p.is_file() and not p.name.startswith(".")}
@@ -169,6 +173,7 @@ def read_segmentation_folder(
     *,
     input_shape: tuple[int, ...] | None,
     num_classes: int | None,
+    labels_csv: bool = False,
 ) -> tuple[DataSplit, tuple[int, ...]]:
     """Read every image and its mask; check each mask against its image and the job.
 
@@ -189,7 +194,7 @@ def read_segmentation_folder(
     if masks_csv is not None:
         pairs = _pairs_from_csv(folder, masks_csv, problems)
     else:
-        pairs = _pairs_from_folders(folder, problems)
+        pairs = _pairs_from_folders(folder, problems, labels_csv=labels_csv)
     images: list[torch.Tensor] = []
     masks: list[torch.Tensor] = []
     names: list[str] = []

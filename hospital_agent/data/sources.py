@@ -59,7 +59,7 @@ class DataSource:
             CSV of identifiers and numeric features.
         split: medmnist only: which split of the archive is the hospital's pool
             (``"train"``, ``"val"`` or ``"test"``).
-        labels_csv: folder only: the CSV of labels, header ``file,label``, one row per
+        labels_csv: folder, classification only: the CSV of labels, header ``file,label``, one row per
             image (its name relative to the folder, an integer label). Relative paths are
             taken inside the folder; defaults to ``labels.csv`` there.
         samples, num_classes, shape, seed: synthetic only, as
@@ -106,11 +106,6 @@ class DataSource:
             raise ConfigError(
                 f"a {self.kind} source holds no masks; a segmentation set is a folder "
                 f"(images/ and masks/, or masks_csv) or synthetic"
-            )
-        if self.task == "segmentation" and self.labels_csv:
-            raise ConfigError(
-                "labels_csv names a label per image (classification); a segmentation folder "
-                "pairs images and masks by name in images/ and masks/, or in masks_csv"
             )
         if self.kind in ("medmnist", "folder", "table") and not self.path:
             raise ConfigError(f"a {self.kind} source needs a path")
@@ -195,6 +190,7 @@ def read_source(
             split, shape = read_segmentation_folder(
                 Path(source.path or ""),
                 source.masks_path(),
+                labels_csv=source.labels_csv is not None,
                 input_shape=input_shape,
                 num_classes=num_classes,
             )

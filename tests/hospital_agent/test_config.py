@@ -294,11 +294,6 @@ def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> 
             {**FLAGS, "data_kind": "medmnist", "data_path": "x.npz", "data_task": "segmentation"},
             "a medmnist source holds no masks; a segmentation set is a folder",
         ),
-        (
-            {**FLAGS, "data_kind": "folder", "data_path": "/d", "data_task": "segmentation"}
-            | {"data_labels_csv": "labels.csv"},
-            "labels_csv names a label per image",
-        ),
     ],
 )
 def test_configuration_errors_name_the_key(flags: dict, message: str) -> None:

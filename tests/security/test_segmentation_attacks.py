@@ -78,14 +78,6 @@ def test_hostile_mask_files_are_refused_before_a_turn_each_named(tmp_path: Path)
     assert "0.5" not in reasons and "99" not in reasons
 
 
-def test_a_classification_hospital_cannot_be_told_its_folder_is_masks(tmp_path: Path) -> None:
-    """A label CSV beside a segmentation task is a configuration error, not a guess."""
-    from medsplit.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="labels_csv names a label per image"):
-        DataSource(kind="folder", path=str(tmp_path), task="segmentation", labels_csv="x.csv")
-
-
 SEGMENTATION_SUMMARY = {
     "image_shape": [1, 32, 32],
     "split_sizes": {"train": 8, "val": 2},
@@ -130,7 +122,11 @@ def test_a_segmentation_job_over_a_hospital_without_masks_is_refused_naming_it(
     report(b, shape=[1, 32, 32])  # labels, no masks
     admin = client_for(consortium_admin)
     data = job_data(
-        model="unet", task="segmentation", mode="ushaped", cuts=["x", "y"], num_classes=2
+        model="unet",
+        task="segmentation",
+        mode="ushaped",
+        cuts=["model.skip.submodule.down", "model.skip"],
+        num_classes=2,
     )
     response = admin.post("/api/jobs/", data, format="json")
     assert response.status_code == 400, response.content
