@@ -59,9 +59,10 @@ class DataSource:
             CSV of identifiers and numeric features.
         split: medmnist only: which split of the archive is the hospital's pool
             (``"train"``, ``"val"`` or ``"test"``).
-        labels_csv: folder, classification only: the CSV of labels, header ``file,label``, one row per
-            image (its name relative to the folder, an integer label). Relative paths are
-            taken inside the folder; defaults to ``labels.csv`` there.
+        labels_csv: folder, classification only: the CSV of labels, header
+            ``file,label``, one row per image (its name relative to the folder, an integer
+            label). Relative paths are taken inside the folder; defaults to
+            ``labels.csv`` there.
         samples, num_classes, shape, seed: synthetic only, as
             :func:`medsplit.data.synthetic_split` (``shape`` is ``(C, H, W)`` or
             ``(C, D, H, W)``).
