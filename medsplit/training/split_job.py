@@ -112,12 +112,13 @@ class SplitJob:
         self.num_classes = (
             num_classes if num_classes is not None else _output_classes(self.split, example_input)
         )
-        if config.task != DEFAULT_TASK:  # a classifier's output was checked as it always was
-            with eval_mode(list(self.split.segments)), torch.no_grad():
-                out = self.split.forward(example_input)
-            classes = self.num_classes if self.num_classes is not None else -1
+        with eval_mode(list(self.split.segments)), torch.no_grad():
+            out = self.split.forward(example_input)
+        if isinstance(out, torch.Tensor) and out.dim() >= 2:
+            # A classifier's width is its classes (labels are checked against them).
+            classes = self.num_classes if config.task != DEFAULT_TASK else int(out.shape[1])
             shape = tuple(example_input.shape[1:])
-            check_model_output(config.task, out, input_shape=shape, num_classes=classes)
+            check_model_output(config.task, out, input_shape=shape, num_classes=classes or -1)
         #: One sample's training target (a class index, or a mask of the input's shape).
         self.label_shape = label_shape(config.task, tuple(example_input.shape[1:]))
         self.server_party = Party.create(

@@ -214,6 +214,7 @@ class TurnClient:
             num_classes=limits.num_classes if limits is not None else None,
             train=len(train),
             val=len(val) if val is not None else 0,
+            label_shape=tuple(train.labels.shape[1:]),  # a class index, or a mask
         )
         if limits is not None and limits != own:
             raise ConfigError(f"the turn's limits {limits} are not those of this data: {own}")
