@@ -37,7 +37,7 @@ from tqdm import tqdm
 from hospital_agent.alignment import AlignmentFailed, align_records
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
-from hospital_agent.data import DataProblem, LocalData, load_local, load_vertical, prepare
+from hospital_agent.data import DataProblem, LocalData, load_for_job, load_vertical
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
@@ -51,14 +51,7 @@ from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
-from medsplit.errors import (
-    ChannelError,
-    ConfigError,
-    DataError,
-    MedSplitError,
-    SealError,
-    UnknownModelError,
-)
+from medsplit.errors import ChannelError, ConfigError, MedSplitError, SealError, UnknownModelError
 from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
@@ -71,7 +64,7 @@ from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties
-from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, check_targets
+from medsplit.training.tasks import DEFAULT_TASK
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
@@ -518,18 +511,11 @@ class TurnTaker:
         """
         shape = (model.input_shape, model.num_classes, task)
         if shape not in self._data:
-            held = self.config.data.task
-            if held != task:
-                raise DataProblem.one(
-                    None,
-                    f"the job is a {task} job but this hospital's data is a {held} set "
-                    f"(data.task = {held}): a {task} job needs "
-                    + ("a mask per image" if task == SEGMENTATION else "a label per image"),
-                )
-            data, summary = load_local(
+            data, summary = load_for_job(
                 self.config.data,
-                input_shape=model.input_shape,
+                input_shape=tuple(model.input_shape),
                 num_classes=model.num_classes,
+                task=task,
                 val_fraction=self.config.val_fraction,
                 seed=self.config.split_seed,
             )
@@ -540,19 +526,7 @@ class TurnTaker:
                     "x".join(map(str, summary.image_shape)),
                     "x".join(map(str, model.input_shape)),
                 )
-            prepared = prepare(data, input_shape=model.input_shape, num_classes=model.num_classes)
-            for part, split in (("train", prepared.train), ("val", prepared.val)):
-                try:
-                    check_targets(
-                        split.labels,
-                        task=task,
-                        num_classes=model.num_classes,
-                        input_shape=tuple(model.input_shape),
-                        where=f"the local {part} split",
-                    )
-                except DataError as e:
-                    raise DataProblem.one(None, str(e)) from e
-            self._data[shape] = prepared
+            self._data[shape] = data
         return self._data[shape]
 
     # -- keys ---------------------------------------------------------------------------

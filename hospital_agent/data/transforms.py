@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import torch
 from monai.transforms import Compose, RandFlip, RandRotate, Resize, ScaleIntensity
 
-from hospital_agent.data.local import LocalData
+from hospital_agent.data.local import DEFAULT_VAL_FRACTION, DataSummary, LocalData, load_local
 from hospital_agent.data.problems import DataProblem
-from hospital_agent.data.sources import check_job
+from hospital_agent.data.sources import DataSource, check_job
 from medsplit.data import DataSplit
-from medsplit.errors import ConfigError
+from medsplit.errors import ConfigError, DataError
+from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, check_targets, get_task
 
 MAX_ROTATE_DEGREES = 30.0  # "small" rotations only
 
@@ -107,6 +108,58 @@ def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) 
         train=_apply(data.train, transform, empty_shape=tuple(input_shape), masks=masks),
         val=_apply(data.val, transform, empty_shape=tuple(input_shape), masks=masks),
     )
+
+
+def load_for_job(
+    source: DataSource,
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    task: str = DEFAULT_TASK,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    seed: int = 0,
+) -> tuple[LocalData, DataSummary]:
+    """The local data as a turn of a job trains on it: read, checked, split, fitted to
+    the job's shape (:func:`prepare`), its targets those of the job's task: a label per
+    image, or a mask per image of the image's shape (a segmentation job).
+
+    Returns:
+        The fitted split and the summary of the data as read (before resizing).
+
+    Raises:
+        DataProblem: everything :func:`load_local` and :func:`prepare` find, or data that
+            holds the targets of another task (labels for a segmentation job, masks for a
+            classification job), before anything is trained.
+        ConfigError: a malformed argument or an unknown task.
+    """
+    held = source.task
+    if held != get_task(task).name:
+        raise DataProblem.one(
+            None,
+            f"the job is a {task} job but this hospital's data is a {held} set "
+            f"(data.task = {held}): a {task} job needs "
+            + ("a mask per image" if task == SEGMENTATION else "a label per image"),
+        )
+    data, found = load_local(
+        source,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        val_fraction=val_fraction,
+        seed=seed,
+    )
+    prepared = prepare(data, input_shape=input_shape, num_classes=num_classes)
+    for part, split in (("train", prepared.train), ("val", prepared.val)):
+        try:
+            check_targets(
+                split.labels,
+                task=task,
+                num_classes=num_classes,
+                input_shape=tuple(input_shape),
+                where=f"the local {part} split",
+            )
+        except DataError as e:
+            raise DataProblem.one(None, str(e)) from e
+    return prepared, found
 
 
 def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit:

@@ -7,7 +7,8 @@ hospitals whose data cannot serve it.
 * A heartbeat claiming impossible mask counts, or mixing a label count into a
   segmentation summary, is a 400 and changes nothing stored.
 * A segmentation job over a hospital that reports no masks (and a classification job over
-  one that reports only masks) is a 400 naming that hospital; nothing is created.
+  one that reports only masks) is a 400 naming that hospital; nothing is created. Should
+  one reach an agent anyway, the agent refuses it before its turn.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hospital_agent.data import DataProblem, DataSource, check_data
+from hospital_agent.data import DataProblem, DataSource, check_data, load_for_job
 from hospitals.models import Hospital
 from tests.platform_apps.training.conftest import report
 from training.models import Job
@@ -76,6 +77,20 @@ def test_hostile_mask_files_are_refused_before_a_turn_each_named(tmp_path: Path)
     # Only the offending class is told, never another value of a file.
     reasons = " ".join(p.reason for p in excinfo.value.problems)
     assert "0.5" not in reasons and "99" not in reasons
+
+
+def test_an_agent_refuses_a_job_of_another_task_than_its_data_before_a_turn() -> None:
+    """Should a coordinator send a segmentation job to a hospital of labels (or the other
+    way round), the agent says so before anything is trained."""
+    labels = DataSource(kind="synthetic", samples=10, shape=(1, 32, 32))
+    masks = DataSource(kind="synthetic", task="segmentation", samples=10, shape=(1, 32, 32))
+    shape = {"input_shape": (1, 32, 32), "num_classes": 2}
+    with pytest.raises(DataProblem, match="a segmentation job needs a mask per image"):
+        load_for_job(labels, task="segmentation", **shape)
+    with pytest.raises(DataProblem, match="a classification job needs a label per image"):
+        load_for_job(masks, task="classification", **shape)
+    data, _ = load_for_job(masks, task="segmentation", **shape)
+    assert data.train.labels.shape[1:] == (1, 32, 32)
 
 
 SEGMENTATION_SUMMARY = {
