@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hospital_agent.data.masks import mask_classes
+from hospital_agent.data.masks import mask_classes, read_segmentation_source
 from hospital_agent.data.sources import DataSource, read_source
 from medsplit.data import DataSplit, label_counts
 from medsplit.errors import ConfigError
@@ -147,7 +147,8 @@ def load_local(
         DataProblem: as :func:`check_data`.
         ConfigError: a malformed argument.
     """
-    loaded = read_source(source, input_shape=input_shape, num_classes=num_classes)
+    read = read_segmentation_source if source.segmentation else read_source
+    loaded = read(source, input_shape=input_shape, num_classes=num_classes)
     data = split_local(loaded.split, val_fraction=val_fraction, seed=seed)
     return data, summary(data, image_shape=loaded.image_shape)
 

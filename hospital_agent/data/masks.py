@@ -26,7 +26,16 @@ import torch
 from monai.transforms import Resize, ScaleIntensity
 
 from hospital_agent.data.problems import DataProblem, Problems
-from hospital_agent.data.sources import _check_fit, _common_shape, _mode, read_image
+from hospital_agent.data.sources import (
+    DataSource,
+    Loaded,
+    _check_fit,
+    _common_shape,
+    _mode,
+    _read_synthetic,
+    check_job,
+    read_image,
+)
 from medsplit.data import DataSplit
 
 IMAGES_DIR = "images"
@@ -34,6 +43,39 @@ MASKS_DIR = "masks"
 MASKS_CSV_HEADER = ("image", "mask")
 #: How many masks' class problems one error lists before it only counts them.
 _MAX_CLASS_PROBLEMS = 5
+
+
+def read_segmentation_source(
+    source: DataSource,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    num_classes: int | None = None,
+) -> Loaded:
+    """A segmentation source's pool, as :func:`~hospital_agent.data.sources.read_source`
+    reads a classification one: a folder of images and masks, or synthetic ones.
+
+    Raises:
+        DataProblem: every problem found, each naming its file (see
+            :func:`read_segmentation_folder`); synthetic masks of classes beyond the job's.
+        ConfigError: ``input_shape`` or ``num_classes`` is malformed.
+    """
+    check_job(input_shape, num_classes)
+    if source.kind == "folder":
+        split, shape = read_segmentation_folder(
+            Path(source.path or ""),
+            source.masks_path(),
+            input_shape=input_shape,
+            num_classes=num_classes,
+            labels_csv=source.labels_csv is not None,
+        )
+        return Loaded(split, shape)
+    loaded = _read_synthetic(source)
+    problems = Problems()
+    _check_fit(loaded.image_shape, input_shape, None, problems)
+    if num_classes is not None:
+        check_mask_classes(loaded.split.labels, [None] * len(loaded.split), num_classes, problems)
+    problems.raise_if_any()
+    return loaded
 
 
 def read_mask(path: str | os.PathLike[str]) -> torch.Tensor:

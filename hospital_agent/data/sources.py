@@ -184,27 +184,11 @@ def read_source(
             "read it (hospital_agent.data.vertical)",
         )
     if source.segmentation:
-        # Imported here: masks builds on this module's readers.
-        from hospital_agent.data.masks import check_mask_classes, read_segmentation_folder
-
-        if source.kind == "folder":
-            split, shape = read_segmentation_folder(
-                Path(source.path or ""),
-                source.masks_path(),
-                labels_csv=source.labels_csv is not None,
-                input_shape=input_shape,
-                num_classes=num_classes,
-            )
-            return Loaded(split, shape)
-        loaded = _read_synthetic(source)
-        problems = Problems()
-        _check_fit(loaded.image_shape, input_shape, None, problems)
-        if num_classes is not None:
-            check_mask_classes(
-                loaded.split.labels, [None] * len(loaded.split), num_classes, problems
-            )
-        problems.raise_if_any()
-        return loaded
+        # Masks are read by hospital_agent.data.masks, which builds on this module.
+        raise ConfigError(
+            "a segmentation source is read with its masks by hospital_agent.data.load_local "
+            "(or check_data), not load_source"
+        )
     if source.kind == "medmnist":
         loaded = _read_medmnist(source)
     elif source.kind == "synthetic":
