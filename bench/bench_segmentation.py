@@ -12,9 +12,11 @@ channel, every hand-off goes through bytes. Nothing here goes through the relay,
 Celery.
 
 Data: MONAI's synthetic discs and their masks (``monai.data.synthetic.create_test_image_2d``
-through :func:`medsplit.data.synthetic_segmentation_split`), 1x32x32, two classes
-(background, disc), a training set and a test set drawn from different seeds; the
-training set dealt to three hospitals as the simulator deals it (``medsplit.data.shard``).
+through :func:`medsplit.data.synthetic_segmentation_split`), 1x32x32, three classes
+(background and two kinds of disc, told apart by their brightness), noise up to 0.6 of
+the brightest class, so that neither run reaches a Dice of 1; a training set and a test
+set drawn from different seeds; the training set dealt to three hospitals as the
+simulator deals it (``medsplit.data.shard``).
 
 Parts (``--parts``, both by default):
 
@@ -98,6 +100,8 @@ class Settings:
     epochs: int = 8
     train: int = 480
     test: int = 160
+    classes: int = 3
+    noise: float = 0.6
 
     def optimizer(self, total_steps: int) -> OptimizerConfig:
         return OptimizerConfig(name="adam", lr=self.lr, schedule="cosine", total_steps=total_steps)
@@ -109,8 +113,9 @@ def say(message: str) -> None:
 
 def data_of(settings: Settings, seed: int) -> tuple[DataSplit, DataSplit]:
     """The training and test sets of a seed (different generator seeds)."""
-    train = synthetic_segmentation_split(settings.train, shape=SHAPE, seed=seed)
-    test = synthetic_segmentation_split(settings.test, shape=SHAPE, seed=10_000 + seed)
+    common: dict[str, Any] = dict(shape=SHAPE, num_classes=settings.classes, noise=settings.noise)
+    train = synthetic_segmentation_split(settings.train, seed=seed, **common)
+    test = synthetic_segmentation_split(settings.test, seed=10_000 + seed, **common)
     return train, test
 
 
@@ -171,7 +176,7 @@ def split_config(
 def run_seed(settings: Settings, seed: int, *, check: bool) -> dict[str, Any]:
     train, test = data_of(settings, seed)
     hospitals = hospitals_of(train, seed)
-    model = build_model(MODEL, seed=seed)
+    model = build_model(MODEL, num_classes=settings.classes, seed=seed)
     out: dict[str, Any] = {"seed": seed, "hospital_samples": [len(h.train) for h in hospitals]}
     with deterministic():
         start = time.perf_counter()
@@ -255,7 +260,8 @@ def traffic_case(mode: str, settings: Settings, seed: int) -> dict[str, Any]:
     hospitals = hospitals_of(train, seed)
     config = split_config(mode, settings, hospitals, seed, rounds=1)
     channel = CountingChannel()
-    job = SplitJob(build_model(MODEL, seed=seed), train.images[:2], config, channel=channel)
+    model = build_model(MODEL, num_classes=settings.classes, seed=seed)
+    job = SplitJob(model, train.images[:2], config, channel=channel)
     (report,) = job.run([Hospital(h.name, h.train) for h in hospitals])
     p, s = report.samples, report.steps
     first = {t.name: t.numel for t in job.split.boundaries[0]}
@@ -347,7 +353,8 @@ def markdown_dice(part: Mapping[str, Any], date: str) -> str:
     return (
         f"{text}\n\nMean over seeds {seeds} (range in brackets); Δ is the job minus "
         f"centralized, seed by seed. `unet` ({SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]}, channels "
-        f"16-32-64), {settings['train']} training images of MONAI's synthetic discs dealt to "
+        f"16-32-64), {settings['train']} training images of MONAI's synthetic discs "
+        f"({settings['classes']} classes, noise up to {settings['noise']}) dealt to "
         f"{HOSPITALS} hospitals, {settings['test']} test images; adam lr {settings['lr']} "
         f"cosine, batch {settings['batch_size']}, {settings['epochs']} epochs (rounds of one "
         "local epoch), DiceCE loss; Dice of the foreground (MONAI `DiceMetric`, background "
@@ -430,6 +437,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--train", type=int, default=Settings.train, help="training images")
     parser.add_argument("--test", type=int, default=Settings.test, help="test images")
     parser.add_argument("--lr", type=float, default=Settings.lr)
+    parser.add_argument("--classes", type=int, default=Settings.classes, help="background too")
+    parser.add_argument("--noise", type=float, default=Settings.noise, help="in [0, 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
@@ -441,7 +450,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--seeds needs one or more integers >= 0")
     if args.epochs < 1 or args.train < HOSPITALS or args.test < 1:
         parser.error("--epochs and --test must be >= 1, --train >= the hospitals")
-    args.settings = Settings(lr=args.lr, epochs=args.epochs, train=args.train, test=args.test)
+    args.settings = Settings(
+        lr=args.lr,
+        epochs=args.epochs,
+        train=args.train,
+        test=args.test,
+        classes=args.classes,
+        noise=args.noise,
+    )
     return args
 
 

@@ -423,6 +423,13 @@ def _check_task(values, problems, normal, present) -> None:
             loss_name(task, values["loss"])
         except ConfigError as e:
             _add(problems, "loss", str(e))
+    mode = values.get("mode", DEFAULT_MODE)
+    if task != DEFAULT_TASK and isinstance(mode, str) and "mode" not in problems:
+        try:
+            if get_mode(mode).feature_sets:
+                _add(problems, "task", f"{mode} mode trains classification only, not {task}")
+        except UnknownModeError:
+            pass  # the mode's own check says so
     model = normal.get("model")
     if model is not None and not is_factory_name(model):
         spec = get_model_spec(model)
