@@ -127,6 +127,22 @@ def test_a_heartbeat_cannot_claim_impossible_masks(
 
 
 @pytest.mark.django_db
+def test_an_honest_segmentation_heartbeat_is_stored_as_sent(
+    agent_client, hospital_a: Hospital
+) -> None:
+    """The control of the case above: the refusals are of the lies, not of masks."""
+    body = {
+        "agent_status": "idle",
+        "agent_version": "0.1.0",
+        "dataset_summary": SEGMENTATION_SUMMARY,
+    }
+    response = agent_client(hospital_a).post("/api/agent/heartbeat/", body, format="json")
+    assert response.status_code == 200, response.content
+    hospital_a.refresh_from_db()
+    assert hospital_a.dataset_summary == SEGMENTATION_SUMMARY
+
+
+@pytest.mark.django_db
 def test_a_segmentation_job_over_a_hospital_without_masks_is_refused_naming_it(
     client_for, consortium_admin, job_data, three_hospitals
 ) -> None:
