@@ -10,6 +10,14 @@ Typical use by the agent::
     data, summary = load_for_job(source, input_shape=(1, 64, 64), num_classes=2)
     train = augment(data.train, job_augment, epoch=epoch)  # per epoch; off by default
 
+A segmentation set holds a mask per image (``images/`` and ``masks/`` of one file name,
+or a CSV ``image,mask``; :mod:`.masks`); a turn reads it for its job, the targets checked
+against the job's task::
+
+    source = DataSource(kind="folder", path="/data/ct", task="segmentation")
+    data, summary = load_for_job(source, input_shape=(1, 64, 64), num_classes=3,
+                                 task="segmentation")  # masks (N, 1, 64, 64)
+
 A vertical party (vertical jobs) reads its records with identifiers instead::
 
     records = load_vertical(DataSource(kind="table", path="/data/labs.csv", label_column="y"))

@@ -31,10 +31,11 @@ from medsplit.data import (
     synthetic_split,
 )
 from medsplit.errors import ConfigError, DataError
+from medsplit.training.tasks import TASKS
 
 KINDS = ("medmnist", "folder", "synthetic", "table")
-#: What a hospital's data is for: labels per image, or a mask per image.
-DATA_TASKS = ("classification", "segmentation")
+#: What a hospital's data is for: a label per image, or a mask per image (the tasks).
+DATA_TASKS = tuple(TASKS)
 #: The kinds that hold masks (a folder of images and masks, or synthetic ones).
 SEGMENTATION_KINDS = ("folder", "synthetic")
 #: Kinds only vertical jobs read (:mod:`hospital_agent.data.vertical`).
@@ -155,12 +156,11 @@ def load_source(
         input_shape: the job's ``(C, H, W[, D])``. Needed only when a folder's images
             differ in size (each is then resized to it as it is read); when given, images
             whose channels or number of dimensions do not fit it are problems.
-        num_classes: when given, labels (mask classes) outside ``0..num_classes-1`` are
-            problems.
+        num_classes: when given, labels outside ``0..num_classes-1`` are problems.
 
     Returns:
-        float32 images ``(N, C, *spatial)`` in [0, 1] and int64 labels ``(N,)`` (a
-        segmentation set: int64 masks ``(N, 1, *spatial)``).
+        float32 images ``(N, C, *spatial)`` in [0, 1] and int64 labels ``(N,)``; a
+        segmentation set (masks) is read by :func:`~hospital_agent.data.load_local`.
 
     Raises:
         DataProblem: everything found wrong (up to a handful, each naming its file).

@@ -12,7 +12,14 @@ import pytest
 import torch
 from PIL import Image
 
-from hospital_agent.data import DataProblem, DataSource, check_data, load_local, prepare
+from hospital_agent.data import (
+    DataProblem,
+    DataSource,
+    check_data,
+    load_local,
+    load_vertical,
+    prepare,
+)
 from hospital_agent.data.masks import IMAGES_DIR, MASKS_DIR
 
 H, W = 12, 10
@@ -123,3 +130,8 @@ def test_synthetic_segmentation_set() -> None:
     )
     with pytest.raises(DataProblem, match=r"mask holds class 2, outside the job's classes 0\.\.1"):
         check_data(three, num_classes=2)
+
+
+def test_a_segmentation_set_takes_no_part_in_a_vertical_job(tmp_path: Path) -> None:
+    with pytest.raises(DataProblem, match="cannot take part in a vertical job"):
+        load_vertical(segmentation(png_pairs(tmp_path / "set", n=2)))
