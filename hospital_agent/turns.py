@@ -37,7 +37,7 @@ from tqdm import tqdm
 from hospital_agent.alignment import AlignmentFailed, align_records
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
-from hospital_agent.data import DataProblem, LocalData, load_local, load_vertical, prepare
+from hospital_agent.data import DataProblem, LocalData, load_for_job, load_vertical
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
@@ -64,6 +64,7 @@ from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties
+from medsplit.training.tasks import DEFAULT_TASK
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
@@ -234,7 +235,7 @@ class TurnTaker:
             split, start, data = None, vertical.start, LocalData(vertical.data, empty)
         else:
             try:
-                data = self.data_for(model)
+                data = self.data_for(model, task=config.task)
             except DataProblem as e:
                 logger.error("job %s: local data cannot be used: %s", job, e)
                 self.on_data_problem(str(e))
@@ -284,7 +285,11 @@ class TurnTaker:
             stop=self.stopping,
             device=self.config.device,
             limits=turn_limits(
-                config, num_classes=model.num_classes, train=len(data.train), val=len(data.val)
+                config,
+                num_classes=model.num_classes,
+                train=len(data.train),
+                val=len(data.val),
+                label_shape=assignment.description().label_shape,
             ),
             role=vertical.role if vertical else None,
             batches=vertical.batches if vertical else None,
@@ -502,14 +507,21 @@ class TurnTaker:
                 )
             return report.outcome
 
-    def data_for(self, model: JobModel) -> LocalData:
-        """The local data fitted to the job's input shape (read once per shape)."""
-        shape = (model.input_shape, model.num_classes)
+    def data_for(self, model: JobModel, *, task: str = DEFAULT_TASK) -> LocalData:
+        """The local data fitted to the job's input shape (read once per shape), its
+        targets checked against the job's task: a mask per image of a segmentation job.
+
+        Raises:
+            DataProblem: the data does not fit the job (see :func:`load_local`), or holds
+                the targets of another task (labels for a segmentation job, say).
+        """
+        shape = (model.input_shape, model.num_classes, task)
         if shape not in self._data:
-            data, summary = load_local(
+            data, summary = load_for_job(
                 self.config.data,
-                input_shape=model.input_shape,
+                input_shape=tuple(model.input_shape),
                 num_classes=model.num_classes,
+                task=task,
                 val_fraction=self.config.val_fraction,
                 seed=self.config.split_seed,
             )
@@ -520,9 +532,7 @@ class TurnTaker:
                     "x".join(map(str, summary.image_shape)),
                     "x".join(map(str, model.input_shape)),
                 )
-            self._data[shape] = prepare(
-                data, input_shape=model.input_shape, num_classes=model.num_classes
-            )
+            self._data[shape] = data
         return self._data[shape]
 
     # -- keys ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from medsplit.cutting import CutInfo, cut_table
-from medsplit.data import synthetic_split
+from medsplit.data import synthetic_segmentation_split, synthetic_split
 from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import (
     build_any_model,
@@ -37,6 +37,7 @@ from medsplit.training.evaluate import MajorityBaseline, majority_baseline
 from medsplit.training.schedule import turn_length
 from medsplit.training.simulate import SimulationData, SimulationSetup, load_hospitals, simulate
 from medsplit.training.split_job import RoundReport
+from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, TASKS
 from medsplit.training.verify import verify_split, verify_vertical
 from medsplit.training.vertical_simulate import MISSING_SHARE, VerticalRound, simulate_vertical
 from medsplit.wire.codecs import CODECS
@@ -100,7 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=_verify)
 
     sim = commands.add_parser("simulate", help="run a whole split-learning job in this process")
-    sim.add_argument("--model", default="small_cnn", type=_model_name, help=_MODEL_HELP)
+    sim.add_argument(
+        "--model",
+        type=_model_name,
+        help=f"{_MODEL_HELP}; default small_cnn, unet for --task segmentation",
+    )
     _add_model_args(sim)
     _add_cut_options(sim)
     sim.add_argument(
@@ -191,6 +196,19 @@ def _add_cut_options(parser: argparse.ArgumentParser) -> None:
         help="submodule to cut after, once per cut the mode makes (default: the model's own)",
     )
     parser.add_argument("--codec", default="none", choices=sorted(CODECS))
+    parser.add_argument(
+        "--task",
+        default=DEFAULT_TASK,
+        choices=list(TASKS),
+        help="classification (labels) or segmentation (masks; synthetic discs by default)",
+    )
+    parser.add_argument(
+        "--loss",
+        default="",
+        help="one of the task's losses ("
+        + "; ".join(f"{t.name}: {', '.join(t.losses)}" for t in TASKS.values())
+        + "; default the first)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--client-optimizer", default="sgd", choices=OPTIMIZERS)
     parser.add_argument("--client-lr", type=float, default=0.05)
@@ -267,6 +285,9 @@ def _training_config(
     total_steps: int = 1000,
     **overrides: object,
 ) -> TrainingConfig:
+    if not is_factory_name(model) and args.task not in get_model_spec(model).tasks:
+        tasks = " / ".join(get_model_spec(model).tasks)
+        raise ConfigError(f"{model} is a {tasks} model: give --task {tasks.split(' / ')[0]}")
     options = _given_mode_options(args)
     # Bound to its options: they may change the mode's cuts (SplitFed's labels).
     mode = get_mode(args.mode).with_options(options)
@@ -292,6 +313,8 @@ def _training_config(
         batch_size=args.batch_size,
         codec=args.codec,
         seed=args.seed,
+        task=args.task,
+        loss=args.loss,
         **overrides,
     )
 
@@ -351,7 +374,13 @@ def _verify(args: argparse.Namespace) -> int:
     vertical = probe.split_mode.feature_sets
     per_turn = args.steps if vertical else math.ceil(args.steps / args.hospitals)
     config = _training_config(args, args.model, max_steps_per_turn=per_turn)
+    segmentation = config.task == SEGMENTATION
     model = _build(args, shape, seed=args.seed)
+    if vertical and segmentation:
+        print(
+            "medsplit verify: error: a vertical job classifies (no segmentation)", file=sys.stderr
+        )
+        return 2
     if vertical:
         if args.hospitals < 2:
             print(
@@ -364,9 +393,8 @@ def _verify(args: argparse.Namespace) -> int:
             model, data, config, parties=args.hospitals, progress=not args.json
         )
     else:
-        data = synthetic_split(
-            per_turn * args.batch_size * args.hospitals, shape=shape, seed=args.seed
-        )
+        make = synthetic_segmentation_split if segmentation else synthetic_split
+        data = make(per_turn * args.batch_size * args.hospitals, shape=shape, seed=args.seed)
         splits = [
             type(data)(data.images[i :: args.hospitals], data.labels[i :: args.hospitals])
             for i in range(args.hospitals)
@@ -388,6 +416,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    if args.model is None:
+        args.model = "unet" if args.task == SEGMENTATION else "small_cnn"
     setup = SimulationSetup(
         model=args.model,
         model_args=parse_model_args(args.model_args),
@@ -396,6 +426,7 @@ def _simulate(args: argparse.Namespace) -> int:
             medmnist=args.data,
             synthetic_samples=args.samples,
             synthetic_shape=_input_shape(args) if args.data is None else (1, 28, 28),
+            task=args.task,
         ),
     )
     overrides = dict(
@@ -420,6 +451,8 @@ def _simulate(args: argparse.Namespace) -> int:
         torch.cat([h.val.labels for h in hospitals if h.val is not None]),
     )
     source = args.data or f"{args.samples} synthetic images"
+    if config.task == SEGMENTATION:
+        source = f"{args.samples} synthetic images with masks (MONAI's discs)"
     if config.split_mode.feature_sets:
         return _simulate_vertical(args, setup, config, baseline, source)
     print(
@@ -498,10 +531,17 @@ def _print_round(report: RoundReport, baseline: MajorityBaseline) -> None:
         if val
         else float("nan")
     )
-    per_hospital = ", ".join(f"{name} {e.accuracy:.3f}" for name, e in val.items())
+    if any(e.dice is not None for e in val.values()):
+        dice = sum(e.metric * e.samples for e in val.values()) / sum(
+            e.samples for e in val.values()
+        )
+        per_hospital = ", ".join(f"{name} {e.metric:.3f}" for name, e in val.items())
+        scores = f"val Dice {dice:.3f} ({per_hospital}; foreground classes, mean)"
+    else:
+        per_hospital = ", ".join(f"{name} {e.accuracy:.3f}" for name, e in val.items())
+        scores = f"val accuracy {accuracy:.3f} ({per_hospital}; {baseline.describe()})"
     print(
-        f"round {report.round + 1}: train loss {report.mean_loss:.4f}, "
-        f"val accuracy {accuracy:.3f} ({per_hospital}; {baseline.describe()}), "
+        f"round {report.round + 1}: train loss {report.mean_loss:.4f}, {scores}, "
         f"crossed {report.bytes_up / 2**20:.2f} MiB up, {report.bytes_down / 2**20:.2f} MiB down "
         f"in {report.steps} steps",
         flush=True,
@@ -518,6 +558,7 @@ def _round_json(report: RoundReport, baseline: MajorityBaseline) -> dict[str, ob
         "bytes_down": report.bytes_down,
         "validation": {
             name: {"loss": e.loss, "accuracy": e.accuracy, "samples": e.samples}
+            | ({"dice": e.dice} if e.dice is not None else {})
             for name, e in report.validation.items()
         },
         "val_majority_baseline": baseline.accuracy,

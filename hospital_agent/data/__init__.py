@@ -6,7 +6,17 @@ Typical use by the agent::
     summary = check_data(source, input_shape=(1, 64, 64), num_classes=2)  # before a turn
     data, summary = load_local(source, input_shape=(1, 64, 64), num_classes=2)
     data = prepare(data, input_shape=(1, 64, 64), num_classes=2)
+    # or both at once, the targets checked against the job's task:
+    data, summary = load_for_job(source, input_shape=(1, 64, 64), num_classes=2)
     train = augment(data.train, job_augment, epoch=epoch)  # per epoch; off by default
+
+A segmentation set holds a mask per image (``images/`` and ``masks/`` of one file name,
+or a CSV ``image,mask``; :mod:`.masks`); a turn reads it for its job, the targets checked
+against the job's task::
+
+    source = DataSource(kind="folder", path="/data/ct", task="segmentation")
+    data, summary = load_for_job(source, input_shape=(1, 64, 64), num_classes=3,
+                                 task="segmentation")  # masks (N, 1, 64, 64)
 
 A vertical party (vertical jobs) reads its records with identifiers instead::
 
@@ -27,7 +37,7 @@ from hospital_agent.data.local import (
 )
 from hospital_agent.data.problems import MAX_PROBLEMS, DataProblem, Problem
 from hospital_agent.data.sources import DataSource, load_source, read_image
-from hospital_agent.data.transforms import AugmentConfig, augment, prepare
+from hospital_agent.data.transforms import AugmentConfig, augment, load_for_job, prepare
 from hospital_agent.data.vertical import VerticalRecords, identifier_of, load_vertical
 
 __all__ = [
@@ -43,6 +53,7 @@ __all__ = [
     "augment",
     "check_data",
     "identifier_of",
+    "load_for_job",
     "load_local",
     "load_source",
     "load_vertical",

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import torch
 from monai.transforms import Compose, RandFlip, RandRotate, Resize, ScaleIntensity
 
-from hospital_agent.data.local import LocalData
+from hospital_agent.data.local import DEFAULT_VAL_FRACTION, DataSummary, LocalData, load_local
 from hospital_agent.data.problems import DataProblem
-from hospital_agent.data.sources import check_job
+from hospital_agent.data.sources import DataSource, check_job
 from medsplit.data import DataSplit
-from medsplit.errors import ConfigError
+from medsplit.errors import ConfigError, DataError
+from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, check_targets, get_task
 
 MAX_ROTATE_DEGREES = 30.0  # "small" rotations only
 
@@ -63,7 +64,9 @@ class AugmentConfig:
 
 def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) -> LocalData:
     """Fit both parts to the job: resize each image to ``input_shape`` and scale its
-    intensities to [0, 1] (MONAI ``Resize`` then ``ScaleIntensity``, per image).
+    intensities to [0, 1] (MONAI ``Resize`` then ``ScaleIntensity``, per image). Masks
+    (a segmentation set) are resized with their images, nearest-neighbour, keeping
+    their classes.
 
     Args:
         data: the local split, as loaded.
@@ -100,10 +103,63 @@ def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) 
             ScaleIntensity(minv=0.0, maxv=1.0),
         ]
     )
+    masks = Resize(spatial, mode="nearest") if data.train.has_masks else None
     return LocalData(
-        train=_apply(data.train, transform, empty_shape=tuple(input_shape)),
-        val=_apply(data.val, transform, empty_shape=tuple(input_shape)),
+        train=_apply(data.train, transform, empty_shape=tuple(input_shape), masks=masks),
+        val=_apply(data.val, transform, empty_shape=tuple(input_shape), masks=masks),
     )
+
+
+def load_for_job(
+    source: DataSource,
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    task: str = DEFAULT_TASK,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    seed: int = 0,
+) -> tuple[LocalData, DataSummary]:
+    """The local data as a turn of a job trains on it: read, checked, split, fitted to
+    the job's shape (:func:`prepare`), its targets those of the job's task: a label per
+    image, or a mask per image of the image's shape (a segmentation job).
+
+    Returns:
+        The fitted split and the summary of the data as read (before resizing).
+
+    Raises:
+        DataProblem: everything :func:`load_local` and :func:`prepare` find, or data that
+            holds the targets of another task (labels for a segmentation job, masks for a
+            classification job), before anything is trained.
+        ConfigError: a malformed argument or an unknown task.
+    """
+    held = source.task
+    if held != get_task(task).name:
+        raise DataProblem.one(
+            None,
+            f"the job is a {task} job but this hospital's data is a {held} set "
+            f"(data.task = {held}): a {task} job needs "
+            + ("a mask per image" if task == SEGMENTATION else "a label per image"),
+        )
+    data, found = load_local(
+        source,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        val_fraction=val_fraction,
+        seed=seed,
+    )
+    prepared = prepare(data, input_shape=input_shape, num_classes=num_classes)
+    for part, split in (("train", prepared.train), ("val", prepared.val)):
+        try:
+            check_targets(
+                split.labels,
+                task=task,
+                num_classes=num_classes,
+                input_shape=tuple(input_shape),
+                where=f"the local {part} split",
+            )
+        except DataError as e:
+            raise DataProblem.one(None, str(e)) from e
+    return prepared, found
 
 
 def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit:
@@ -121,6 +177,12 @@ def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit
         raise ConfigError(f"epoch must be an integer >= 0, got {epoch!r}")
     if not config.enabled or len(split) == 0:
         return split
+    if split.has_masks:
+        # These draws move images only; a mask would no longer fit its image.
+        raise ConfigError(
+            "AugmentConfig transforms images alone; a segmentation set's masks must move "
+            "with them (the job's augmentation does)"
+        )
     spatial_dims = split.images.dim() - 2
     steps = []
     if config.flip_prob > 0:
@@ -137,14 +199,27 @@ def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit
     return _apply(split, transform)
 
 
-def _apply(split: DataSplit, transform: Compose, *, empty_shape: tuple[int, ...] = ()) -> DataSplit:
+def _apply(
+    split: DataSplit,
+    transform: Compose,
+    *,
+    empty_shape: tuple[int, ...] = (),
+    masks: Resize | None = None,
+) -> DataSplit:
     if len(split) == 0:
         shape = empty_shape or tuple(split.images.shape[1:])
-        return DataSplit(torch.empty((0, *shape), dtype=torch.float32), split.labels.clone())
+        labels = split.labels.clone()
+        if masks is not None:
+            labels = torch.empty((0, 1, *shape[1:]), dtype=torch.int64)
+        return DataSplit(torch.empty((0, *shape), dtype=torch.float32), labels)
     images = torch.stack(
         [torch.as_tensor(transform(image)).to(torch.float32) for image in split.images]
     )
-    return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=split.labels.clone())
+    labels = split.labels.clone()
+    if masks is not None and tuple(labels.shape[2:]) != tuple(images.shape[2:]):
+        resized = [torch.as_tensor(masks(mask.to(torch.float32))) for mask in split.labels]
+        labels = torch.stack(resized).round().to(torch.int64)
+    return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=labels.contiguous())
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:

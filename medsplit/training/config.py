@@ -10,6 +10,7 @@ from typing import Any
 from medsplit.errors import ConfigError
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.tasks import DEFAULT_TASK, LossFn, get_task, loss_name, make_loss
 
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
@@ -33,6 +34,9 @@ class TrainingConfig:
         drop_last: skip a final short batch (batch norm cannot train on one sample).
         mode_options: the mode's own settings (:meth:`SplitMode.options`); defaults
             filled in, read-only (last, so that positional callers keep their order).
+        task: what the job learns, a name of :data:`medsplit.training.tasks.TASKS`.
+        loss: a loss of the task (:attr:`~medsplit.training.tasks.TaskSpec.losses`);
+            ``""``: the task's default.
     """
 
     cuts: tuple[str, ...]
@@ -48,6 +52,8 @@ class TrainingConfig:
     job: str = "local"
     drop_last: bool = True
     mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    task: str = DEFAULT_TASK
+    loss: str = ""
 
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
@@ -64,6 +70,8 @@ class TrainingConfig:
             raise ConfigError(
                 f"max_steps_per_turn must be >= 1 or None, got {self.max_steps_per_turn}"
             )
+        object.__setattr__(self, "task", get_task(self.task).name)  # ConfigError names them
+        loss_name(self.task, self.loss)  # a loss of another task is a ConfigError
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not self.job or not set(self.job) <= _JOB_ID_CHARS or len(self.job) > 128:
@@ -75,3 +83,7 @@ class TrainingConfig:
     def split_mode(self) -> SplitMode:
         """The job's mode, from the registry, bound to the job's options."""
         return get_mode(self.mode).with_options(self.mode_options)
+
+    def loss_fn(self) -> LossFn:
+        """A fresh loss function of the job's task and loss (:func:`make_loss`)."""
+        return make_loss(self.task, self.loss)

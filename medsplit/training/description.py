@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from medsplit.errors import ConfigError, UnknownModeError, UnknownModelError
-from medsplit.models import get_model_spec, is_factory_name
+from medsplit.models import get_model_spec, is_factory_name, model_names
 from medsplit.models.factory import canonical_model_args, factory_module
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
@@ -30,6 +30,8 @@ from medsplit.training.party_models import (
     party_models_problems,
 )
 from medsplit.training.setup import JobModel
+from medsplit.training.tasks import DEFAULT_TASK, TASKS, get_task, loss_name
+from medsplit.training.tasks import label_shape as tasks_label_shape
 from medsplit.wire.codecs import CODECS
 
 #: The version of the JSON form this code writes and reads. A party refuses any other
@@ -38,7 +40,8 @@ from medsplit.wire.codecs import CODECS
 FORMAT = 3
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
 #: 2 without ``model_args`` (none: the registry models of its day take none); 2 is 3
-#: without ``party_models`` (none: every vertical party ran the job's model).
+#: without the fields :data:`_NEW_IN_3` (each at its default: ``party_models`` none, so
+#: every vertical party ran the job's model; the task classification).
 READS = (1, 2, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
@@ -89,6 +92,9 @@ class JobDescription:
         party_models: in a vertical job, the parties (by hospital) that run a model of
             their own rather than the job's (:mod:`medsplit.training.party_models`); the
             label party, the first participant, always runs the job's model.
+        task: what the job learns (:data:`medsplit.training.tasks.TASKS`); a
+            segmentation job needs a segmentation model (``ModelSpec.tasks``).
+        loss: one of the task's losses; ``""`` for its default.
         version: the JSON form's version, :data:`FORMAT`.
 
     Raises:
@@ -113,6 +119,8 @@ class JobDescription:
     codec: str = "none"
     seed: int = 0
     party_models: Mapping[str, PartyModelSpec] = field(default_factory=dict)
+    task: str = DEFAULT_TASK
+    loss: str = ""
     version: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -148,6 +156,8 @@ class JobDescription:
             "codec": self.codec,
             "seed": self.seed,
             "party_models": {name: spec.to_json() for name, spec in self.party_models.items()},
+            "task": self.task,
+            "loss": self.loss,
         }
 
     @classmethod
@@ -248,7 +258,14 @@ class JobDescription:
             codec=self.codec,
             seed=self.seed,
             job=job,
+            task=self.task,
+            loss=self.loss,
         )
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """One sample's training target: ``()`` a class index, ``(1, *spatial)`` a mask."""
+        return tasks_label_shape(self.task, self.input_shape)
 
 
 # -- the rules, in one place ---------------------------------------------------------
@@ -273,9 +290,14 @@ _FIELDS = (
     "codec",
     "seed",
     "party_models",
+    "task",
+    "loss",
 )
-#: The fields of version 2 and of version 1.
-_FIELDS_2 = tuple(name for name in _FIELDS if name != "party_models")
+#: The fields version 3 added (version 2 is read with them at their defaults).
+_NEW_IN_3 = ("party_models", "task", "loss")
+#: The fields of version 2.
+_FIELDS_2 = tuple(name for name in _FIELDS if name not in _NEW_IN_3)
+#: The fields of version 1.
 _FIELDS_1 = tuple(name for name in _FIELDS_2 if name != "model_args")
 _REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
 #: The integer fields and their least value.
@@ -306,7 +328,7 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
         if name not in data:
             continue
         value = data[name]
-        if name in ("model", "mode", "codec"):
+        if name in ("model", "mode", "codec", "task", "loss"):
             ok = isinstance(value, str)
         elif name in _AT_LEAST or name == "version":
             ok = _is_int(value)
@@ -370,6 +392,7 @@ def _check(
         except UnknownModelError as e:
             _add(problems, "model", str(e))
     _check_model_args(values, problems, normal, present)
+    _check_task(values, problems, normal, present)
     if present("codec") and values["codec"] not in CODECS:
         _add(
             problems,
@@ -448,6 +471,40 @@ def _table_model(values, problems) -> bool:
         return len(get_model_spec(model).default_input_shape) == 1
     except UnknownModelError:
         return False
+
+
+def _check_task(values, problems, normal, present) -> None:
+    """The task, its loss, and that a registry model does that task (a factory model's
+    output is checked where it is built: :func:`~medsplit.training.tasks.check_model_output`)."""
+    task = values.get("task", DEFAULT_TASK)
+    if "task" in problems:
+        return
+    if not isinstance(task, str) or task not in TASKS:
+        _add(problems, "task", f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+        return
+    if present("loss"):
+        try:
+            loss_name(task, values["loss"])
+        except ConfigError as e:
+            _add(problems, "loss", str(e))
+    mode = values.get("mode", DEFAULT_MODE)
+    if task != DEFAULT_TASK and isinstance(mode, str) and "mode" not in problems:
+        try:
+            if get_mode(mode).feature_sets:
+                _add(problems, "task", f"{mode} mode trains classification only, not {task}")
+        except UnknownModeError:
+            pass  # the mode's own check says so
+    model = normal.get("model")
+    if model is not None and not is_factory_name(model):
+        spec = get_model_spec(model)
+        if task not in spec.tasks:
+            fits = ", ".join(m for m in model_names() if task in get_model_spec(m).tasks)
+            _add(
+                problems,
+                "model",
+                f"{model} is a {' / '.join(spec.tasks)} model; a {get_task(task).name} job "
+                f"needs one of: {fits or 'none registered'}",
+            )
 
 
 def _check_shape(values, problems, normal, present) -> None:

@@ -41,7 +41,7 @@ def train_parallel_unsplit(
         The combined model after the last round; ``model`` itself is not modified.
     """
     mode = config.split_mode
-    loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
+    loss_fn = loss_fn or config.loss_fn()
     current = copy.deepcopy(model)
     initial = copy.deepcopy(model.state_dict())
     server_keys = set(split.segments[mode.server_segment].state_dict())

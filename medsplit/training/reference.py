@@ -43,7 +43,7 @@ def train_unsplit(
         cfg = config.server_optimizer if index == server_segment else config.client_optimizer
         group = torch.nn.ParameterList([params[n] for n in names])
         parties.append(Party.create(group, cfg))
-    loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
+    loss_fn = loss_fn or config.loss_fn()
     for batch in job_batches(config, splits) if batches is None else batches:
         loss = loss_fn(whole(batch.x), batch.y)
         loss.backward()

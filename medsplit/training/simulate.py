@@ -8,7 +8,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from medsplit.data import DataSplit, load_medmnist, shard, synthetic_split
+from medsplit.data import (
+    DataSplit,
+    load_medmnist,
+    shard,
+    synthetic_segmentation_split,
+    synthetic_split,
+)
 from medsplit.errors import ConfigError
 from medsplit.models import build_any_model, get_model_spec, is_factory_name
 from medsplit.models.factory import factory_module
@@ -16,16 +22,32 @@ from medsplit.protocol.roles import StepResult
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import turn_length
 from medsplit.training.split_job import Hospital, RoundReport, SplitJob
+from medsplit.training.tasks import CLASSIFICATION, SEGMENTATION, get_task
 
 
 @dataclass(frozen=True)
 class SimulationData:
-    """Where the hospitals' data comes from: a MedMNIST ``.npz`` or synthetic images."""
+    """Where the hospitals' data comes from: a MedMNIST ``.npz`` or synthetic images
+    (for ``task`` segmentation, MONAI's discs and their masks:
+    :func:`~medsplit.data.synthetic_segmentation_split`)."""
 
     medmnist: Path | None = None
     synthetic_samples: int = 600
     synthetic_shape: tuple[int, ...] = (1, 28, 28)
     num_classes: int = 2
+    task: str = CLASSIFICATION
+
+    def __post_init__(self) -> None:
+        if get_task(self.task).name == SEGMENTATION and self.medmnist is not None:
+            raise ConfigError(
+                "MedMNIST files hold one label per image: a segmentation job's "
+                "simulation uses synthetic images with masks (leave out --data)"
+            )
+
+    def synthetic(self, n: int, *, seed: int) -> DataSplit:
+        """``n`` synthetic samples of the task from ``seed``."""
+        make = synthetic_segmentation_split if self.task == SEGMENTATION else synthetic_split
+        return make(n, shape=self.synthetic_shape, num_classes=self.num_classes, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -54,10 +76,9 @@ def load_hospitals(setup: SimulationSetup, *, seed: int) -> list[Hospital]:
         train = load_medmnist(data.medmnist, "train")
         val = load_medmnist(data.medmnist, "val")
     else:
-        shape, classes = data.synthetic_shape, data.num_classes
-        train = synthetic_split(data.synthetic_samples, shape=shape, num_classes=classes, seed=seed)
+        train = data.synthetic(data.synthetic_samples, seed=seed)
         val_n = max(setup.hospitals, data.synthetic_samples // 4)
-        val = synthetic_split(val_n, shape=shape, num_classes=classes, seed=seed + 1)
+        val = data.synthetic(val_n, seed=seed + 1)
     trains = shard(train, setup.hospitals, seed=seed)
     vals = shard(val, setup.hospitals, seed=seed)
     return [
@@ -84,6 +105,10 @@ def simulate(
         ConfigError, CutError, DataError, UnknownModelError: with a message naming the
             setting to change.
     """
+    if setup.data.task != config.task:
+        raise ConfigError(
+            f"the job's task is {config.task} but the simulated data is for {setup.data.task}"
+        )
     hospitals = load_hospitals(setup, seed=config.seed)
     sample = hospitals[0].train.images
     # In this process, with the person's own code: any module may be named.

@@ -82,6 +82,7 @@ def verify_split(
     With ``progress``, a bar on stderr counts both runs' steps.
     """
     example = splits[0].images[:2]
+    loss_fn = loss_fn or config.loss_fn()  # one for both runs: the task's
     per_run = config.rounds * sum(turn_length(config, len(s)) for s in splits)
     bar = tqdm(total=2 * per_run, desc="verifying", unit="step", disable=not progress)
 

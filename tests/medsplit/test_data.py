@@ -249,7 +249,7 @@ def test_a_plain_pickle_file_is_refused_not_loaded(tmp_path: Path) -> None:
             "float32",
         ),
         (np.zeros((2, 1, 4, 4), dtype=np.float32), torch.zeros(2, dtype=torch.int64), "float32"),
-        (torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64), r"\(N, C"),
+        (torch.zeros(4), torch.zeros(4, dtype=torch.int64), r"\(N, C"),
         (torch.zeros(2, 1, 4, 4), torch.zeros(2, dtype=torch.int32), "int64"),
         (torch.zeros(2, 1, 4, 4), torch.zeros(2, 1, dtype=torch.int64), r"\(N,\)"),
         (torch.zeros(2, 1, 4, 4), torch.zeros(3, dtype=torch.int64), "2 images but 3 labels"),
@@ -258,6 +258,13 @@ def test_a_plain_pickle_file_is_refused_not_loaded(tmp_path: Path) -> None:
 def test_split_checks_its_tensors(images: object, labels: object, message: str) -> None:
     with pytest.raises(DataError, match=message):
         DataSplit(images=images, labels=labels)  # type: ignore[arg-type]
+
+
+def test_a_table_s_rows_are_a_split_with_a_class_each() -> None:
+    """A vertical lab's records: (N, F) rows, their labels one class each (never taken
+    for a mask of a shape with no sides)."""
+    split = DataSplit(torch.zeros(3, 12), torch.tensor([0, 1, 0]))
+    assert split.labels.shape == (3,) and not split.has_masks
 
 
 def _indexed(n: int) -> DataSplit:
