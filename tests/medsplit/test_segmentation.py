@@ -6,6 +6,7 @@ import pytest
 import torch
 from monai.losses import DiceCELoss
 
+from medsplit.channel import InMemoryChannel
 from medsplit.cutting import cut_table
 from medsplit.data import DataSplit, synthetic_segmentation_split
 from medsplit.errors import ConfigError, DataError
@@ -14,8 +15,11 @@ from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription, JobDescriptionError
 from medsplit.training.evaluate import segmentation_metrics
+from medsplit.training.reference import train_unsplit
 from medsplit.training.tasks import check_targets, make_loss
-from medsplit.training.verify import verify_split
+from medsplit.training.verify import deterministic, verify_split
+from medsplit.turns import ServerOutcome
+from tests.medsplit.turn_harness import run_over_relay
 
 SHAPE = (1, 32, 32)
 ENCODER = "model.skip.submodule.down"  # the UNet's second encoder level
@@ -51,6 +55,25 @@ def test_a_unet_cut_in_its_encoder_trains_ushaped_exactly_as_unsplit() -> None:
     model = build_model("unet", in_channels=1, num_classes=2, seed=0)
     report = verify_split(model, splits, config)
     assert report.steps == 4 and report.exact, report
+
+
+def test_a_vanilla_turn_over_a_channel_sends_masks_trains_exactly_and_reports_dice() -> None:
+    # The masks travel with the activations and the validation logits are (B, 2, H, W):
+    # both sides hold them to the job's shape (turn_limits' label_shape).
+    data = synthetic_segmentation_split(16, shape=SHAPE, seed=4)
+    splits = [DataSplit(data.images[i::2], data.labels[i::2]) for i in range(2)]
+    vals = [synthetic_segmentation_split(4, shape=SHAPE, seed=5 + i) for i in range(2)]
+    config = TrainingConfig(cuts=(ENCODER,), batch_size=4, task="segmentation", job="seg")
+    model = build_model("unet", in_channels=1, num_classes=2, seed=0)
+    with deterministic():
+        job = run_over_relay(model, splits, config, InMemoryChannel(), vals=vals)
+        want = train_unsplit(model, splits, config, job.split).state_dict()
+    got = job.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    assert job.outcomes == [ServerOutcome.COMPLETED] * 2
+    for metrics in job.metrics:
+        assert 0.0 <= metrics["val_dice"] <= 1.0 and metrics["val_samples"] == 4
+        assert "val_accuracy" not in metrics
 
 
 def test_the_cut_table_lists_the_skip_tensors_crossing_an_encoder_cut() -> None:
