@@ -12,6 +12,7 @@ bound has its turn failed and its relay user suspended.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,15 +57,23 @@ class RelayLimits:
         return max(1, -(-self.frame_bytes // chunk_bytes))
 
 
-def relay_limits(split: SplitModel, config: TrainingConfig) -> RelayLimits:
-    """The bounds of ``config``'s job cut as ``split`` (see the module docstring)."""
+def relay_limits(
+    split: SplitModel, config: TrainingConfig, *, label_shape: tuple[int, ...] = ()
+) -> RelayLimits:
+    """The bounds of ``config``'s job cut as ``split`` (see the module docstring);
+    ``label_shape``: one sample's target, ``()`` a class index, ``(1, *spatial)`` a
+    segmentation job's mask (``JobDescription.label_shape``), whose logits are per pixel."""
     batch = config.batch_size
     per_sample = max(
         sum(t.numel * t.dtype.itemsize for t in boundary) for boundary in split.boundaries
     )
     # Labels (int64, where they cross) and the logits of validation (at most the classes
-    # of a float64 output) are smaller than any cut in the registry, but are counted anyway.
-    frame = int(SLACK * batch * (per_sample + 8 + 8 * _outputs(split))) + FRAME_OVERHEAD
+    # of a float64 output, per pixel of a mask) are counted: a class index is smaller than
+    # any cut in the registry, but a mask is not.
+    pixels = math.prod(label_shape[1:])
+    labels = 8 * math.prod(label_shape)
+    frame = int(SLACK * batch * (per_sample + labels + 8 * _outputs(split) * pixels))
+    frame += FRAME_OVERHEAD
     stream = FRAMES_IN_FLIGHT * frame + FRAMES_IN_FLIGHT * ENTRY_OVERHEAD + KEY_OVERHEAD
     # The hospital hands on every segment it holds in the job's mode.
     mine = [split.segments[i] for i in config.split_mode.client_segments().values()]
