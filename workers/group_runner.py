@@ -277,6 +277,7 @@ def _serve(job: Job, round_index: int, claims: list, runner: str, lease: float) 
                 gate=gate,
                 mode=config.split_mode,
                 role=role,
+                loss_fn=config.loss_fn(),  # the job's task's (a mask's Dice and CE)
             )
             outcomes[turn.pk] = server.run().value
         except Exception as e:  # the group's end decides, below

@@ -51,7 +51,8 @@ def limits_of_job(job: Job) -> RelayLimits:
     described = job.job_description()
     config = described.training_config(f"job-{job.pk}")
     fronts = [cached_split(f.model, (f.cut,)) for f in described.party_fronts()]
-    return relay_limits(cached_split(described.job_model(), config.cuts), config, fronts=fronts)
+    split = cached_split(described.job_model(), config.cuts)
+    return relay_limits(split, config, label_shape=described.label_shape, fronts=fronts)
 
 
 def guard(client: redis.Redis | None = None) -> RelayGuard:

@@ -197,6 +197,7 @@ def run(turn_id: int, *, runner: str) -> RunResult:
                     # After a crash or a failed attempt, stale frames and counters may be left.
                     reset_streams=claim.taken_over or turn.attempt > 1,
                     mode=config.split_mode,
+                    loss_fn=config.loss_fn(),  # the job's task's (a mask's Dice and CE)
                 )
                 outcome = server.run()
                 result = RunResult(outcome.value, job.pk, advance=outcome.value == "completed")

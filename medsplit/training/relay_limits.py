@@ -12,6 +12,7 @@ bound has its turn failed and its relay user suspended.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,9 +59,15 @@ class RelayLimits:
 
 
 def relay_limits(
-    split: SplitModel, config: TrainingConfig, *, fronts: Sequence[SplitModel] = ()
+    split: SplitModel,
+    config: TrainingConfig,
+    *,
+    label_shape: tuple[int, ...] = (),
+    fronts: Sequence[SplitModel] = (),
 ) -> RelayLimits:
     """The bounds of ``config``'s job cut as ``split`` (see the module docstring);
+    ``label_shape``: one sample's target, ``()`` a class index, ``(1, *spatial)`` a
+    segmentation job's mask (``JobDescription.label_shape``), whose logits are per pixel;
     ``fronts``: a vertical job's parties' own models, cut at their fronts, whose
     embeddings cross too."""
     batch = config.batch_size
@@ -69,8 +76,12 @@ def relay_limits(
         for boundary in [*split.boundaries, *(front.boundaries[0] for front in fronts)]
     )
     # Labels (int64, where they cross) and the logits of validation (at most the classes
-    # of a float64 output) are smaller than any cut in the registry, but are counted anyway.
-    frame = int(SLACK * batch * (per_sample + 8 + 8 * _outputs(split))) + FRAME_OVERHEAD
+    # of a float64 output, per pixel of a mask) are counted: a class index is smaller than
+    # any cut in the registry, but a mask is not.
+    pixels = math.prod(label_shape[1:])
+    labels = 8 * math.prod(label_shape)
+    frame = int(SLACK * batch * (per_sample + labels + 8 * _outputs(split) * pixels))
+    frame += FRAME_OVERHEAD
     stream = FRAMES_IN_FLIGHT * frame + FRAMES_IN_FLIGHT * ENTRY_OVERHEAD + KEY_OVERHEAD
     # The hospital hands on every segment it holds in the job's mode.
     mine = [split.segments[i] for i in config.split_mode.client_segments().values()]

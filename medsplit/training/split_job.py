@@ -109,14 +109,14 @@ class SplitJob:
         _check_every_segment_trains(self.split)
         self.channel = channel or InMemoryChannel()
         self.loss_fn = loss_fn or config.loss_fn()
-        self.num_classes = (
-            num_classes if num_classes is not None else _output_classes(self.split, example_input)
-        )
+        # One forward in eval mode changes nothing (no gradients, no batch statistics).
         with eval_mode(list(self.split.segments)), torch.no_grad():
             out = self.split.forward(example_input)
-        if isinstance(out, torch.Tensor) and out.dim() >= 2:
+        width = int(out.shape[1]) if isinstance(out, torch.Tensor) and out.dim() >= 2 else None
+        self.num_classes = num_classes if num_classes is not None else width
+        if width is not None:
             # A classifier's width is its classes (labels are checked against them).
-            classes = self.num_classes if config.task != DEFAULT_TASK else int(out.shape[1])
+            classes = self.num_classes if config.task != DEFAULT_TASK else width
             shape = tuple(example_input.shape[1:])
             check_model_output(config.task, out, input_shape=shape, num_classes=classes or -1)
         #: One sample's training target (a class index, or a mask of the input's shape).
@@ -247,11 +247,3 @@ def _check_every_segment_trains(split: SplitModel) -> None:
                 "party would have nothing to train; choose a cut with layers on every side "
                 "(see `medsplit cuts MODEL`)"
             )
-
-
-def _output_classes(split: SplitModel, example: torch.Tensor) -> int | None:
-    """The model's output width (its classes), from one forward in eval mode, which
-    changes nothing (no gradients, no batch statistics)."""
-    with eval_mode(list(split.segments)), torch.no_grad():
-        out = split.forward(example)
-    return int(out.shape[1]) if isinstance(out, torch.Tensor) and out.dim() >= 2 else None

@@ -113,14 +113,20 @@ class TurnRecord:
         self.eval_logits = {s: v for s, v in self.eval_logits.items() if s < step}
 
     def metrics(
-        self, val: DataSplit | None, eval_steps: int, *, task: str = "classification"
+        self,
+        val: DataSplit | None,
+        eval_steps: int,
+        *,
+        task: str = "classification",
+        loss_fn: LossFn | None = None,
     ) -> dict[str, float]:
         values: dict[str, float] = {}
         if self.losses:
             values["train_loss"] = sum(self.losses.values()) / len(self.losses)
         if val is not None and eval_steps and len(self.eval_logits) == eval_steps:
             logits = torch.cat([self.eval_logits[s] for s in sorted(self.eval_logits)])
-            values.update(task_metrics(task, logits, val.labels[: logits.shape[0]]))
+            labels = val.labels[: logits.shape[0]]
+            values.update(task_metrics(task, logits, labels, loss_fn=loss_fn))
         return values
 
 
@@ -471,7 +477,9 @@ class TurnClient:
         return self.val.images[index * size : (index + 1) * size]
 
     def _metrics(self) -> dict[str, float]:
-        return self.record.metrics(self.val, self.eval_steps, task=self.config.task)
+        return self.record.metrics(
+            self.val, self.eval_steps, task=self.config.task, loss_fn=self.loss_fn
+        )
 
 
 def _losses_of(text: str) -> dict[int, float]:

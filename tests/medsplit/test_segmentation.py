@@ -1,4 +1,5 @@
-"""Segmentation in the core: the UNet's cuts, masks as targets, the task's losses, Dice."""
+"""Segmentation in the core: the UNet's cuts, masks as targets, the task's losses, Dice,
+the relay's bound on a frame with masks."""
 
 from __future__ import annotations
 
@@ -6,16 +7,24 @@ import pytest
 import torch
 from monai.losses import DiceCELoss
 
+from medsplit.channel import InMemoryChannel
 from medsplit.cutting import cut_table
 from medsplit.data import DataSplit, synthetic_segmentation_split
 from medsplit.errors import ConfigError, DataError
 from medsplit.models import build_model
 from medsplit.protocol.optim import OptimizerConfig
+from medsplit.protocol.roles import LABELS
 from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription, JobDescriptionError
 from medsplit.training.evaluate import segmentation_metrics
+from medsplit.training.reference import train_unsplit
+from medsplit.training.relay_limits import relay_limits
+from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.training.tasks import check_targets, make_loss
-from medsplit.training.verify import verify_split
+from medsplit.training.verify import deterministic, verify_split
+from medsplit.turns import ServerOutcome
+from medsplit.wire import Frame, FrameKind, FrameMeta, encode_frame
+from tests.medsplit.turn_harness import run_over_relay
 
 SHAPE = (1, 32, 32)
 ENCODER = "model.skip.submodule.down"  # the UNet's second encoder level
@@ -51,6 +60,25 @@ def test_a_unet_cut_in_its_encoder_trains_ushaped_exactly_as_unsplit() -> None:
     model = build_model("unet", in_channels=1, num_classes=2, seed=0)
     report = verify_split(model, splits, config)
     assert report.steps == 4 and report.exact, report
+
+
+def test_a_vanilla_turn_over_a_channel_sends_masks_trains_exactly_and_reports_dice() -> None:
+    # The masks travel with the activations and the validation logits are (B, 2, H, W):
+    # both sides hold them to the job's shape (turn_limits' label_shape).
+    data = synthetic_segmentation_split(16, shape=SHAPE, seed=4)
+    splits = [DataSplit(data.images[i::2], data.labels[i::2]) for i in range(2)]
+    vals = [synthetic_segmentation_split(4, shape=SHAPE, seed=5 + i) for i in range(2)]
+    config = TrainingConfig(cuts=(ENCODER,), batch_size=4, task="segmentation", job="seg")
+    model = build_model("unet", in_channels=1, num_classes=2, seed=0)
+    with deterministic():
+        job = run_over_relay(model, splits, config, InMemoryChannel(), vals=vals)
+        want = train_unsplit(model, splits, config, job.split).state_dict()
+    got = job.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    assert job.outcomes == [ServerOutcome.COMPLETED] * 2
+    for metrics in job.metrics:
+        assert 0.0 <= metrics["val_dice"] <= 1.0 and metrics["val_samples"] == 4
+        assert "val_accuracy" not in metrics
 
 
 def test_the_cut_table_lists_the_skip_tensors_crossing_an_encoder_cut() -> None:
@@ -118,3 +146,16 @@ def test_mean_dice_over_foreground_of_a_hand_computed_case() -> None:
     assert values["val_dice"] == pytest.approx((0.5 + 1.0) / 2)
     assert values["val_pixel_accuracy"] == pytest.approx(1 - 4 / 32)
     assert values["val_samples"] == 2.0
+
+
+def test_the_relay_bound_holds_a_vanilla_frame_with_masks() -> None:
+    config = TrainingConfig(cuts=(ENCODER,), batch_size=16, task="segmentation")
+    shape = (1, 64, 64)
+    split = cached_split(JobModel("unet", 2, 1, 2, shape, 0), config.cuts)
+    front = client_parties(split, config)["front"].module
+    tensors = {k: v.detach() for k, v in front(torch.rand(16, *shape)).items()}
+    tensors[LABELS] = torch.ones(16, 1, 64, 64, dtype=torch.int64)
+    meta = FrameMeta("job-1", 0, 0, 0, FrameKind.ACTIVATIONS, config.mode, "none")
+    size = len(encode_frame(Frame(meta, tensors)))
+    assert size <= relay_limits(split, config, label_shape=(1, 64, 64)).frame_bytes
+    assert size > relay_limits(split, config).frame_bytes  # a class index is no mask

@@ -129,7 +129,11 @@ def run_over_relay(
             hooks = hooks_for(round_, position) if hooks_for else ScriptedHooks()
             val = vals[position]
             limits = turn_limits(
-                config, num_classes=num_classes, train=len(data), val=len(val) if val else 0
+                config,
+                num_classes=num_classes,
+                train=len(data),
+                val=len(val) if val else 0,
+                label_shape=tuple(data.labels.shape[1:]),  # a class, or a mask
             )
             client = TurnClient(
                 ids=ids,
@@ -167,6 +171,7 @@ def run_over_relay(
                     store=store,
                     hooks=hooks,
                     limits=limits,
+                    loss_fn=config.loss_fn(),
                     hospital=f"h{position}",
                     checkpoint_every=checkpoint_every,
                     silence_timeout=timeout,

@@ -1,4 +1,4 @@
-"""Invariant 5 for segmentation: a hospital's masks are checked before they are applied.
+"""Invariant 5 for segmentation: masks and per-pixel logits are checked before use.
 
 A hostile hospital (a real ``TurnClient`` whose activations frame is tampered with on
 the way out) against the real server side of a turn (``TurnServer`` with the job's
@@ -6,6 +6,10 @@ limits: masks of the job's shape and classes) over a real Redis, in a vanilla UN
 segmentation job, where the masks travel with the activations. Each bad mask fails the
 turn naming the hospital and the check; the server's segment stays as the last honest
 step left it (``torch.equal``), and the hospital is told at once (``stopped``).
+
+A hostile server (a real ``TurnServer`` whose validation frame is tampered with) against
+the real ``TurnClient``: logits of another spatial size than the job's masks are refused
+before the hospital scores anything.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import torch
 from medsplit.channel import StreamPair
 from medsplit.channel.redis import RedisChannel
 from medsplit.data import synthetic_segmentation_split
+from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import export_parties
-from medsplit.protocol.roles import LABELS
+from medsplit.protocol.roles import LABELS, LOGITS
 from medsplit.training.config import TrainingConfig
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties, server_party
@@ -44,6 +49,19 @@ from tests.redis_server import session_keys
 SHAPE = (1, 32, 32)
 BATCH, STEPS, HOSTILE_STEP = 4, 3, 1
 Change = Callable[[torch.Tensor], torch.Tensor]
+
+
+class HostileServer(TurnServer):
+    """An honest server, except that ``change`` rewrites the first validation logits."""
+
+    def __init__(self, *, change: Change, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.change = change
+
+    def _send(self, frame: Frame) -> None:
+        if frame.meta.kind == FrameKind.EVAL_OUTPUTS and frame.meta.step == STEPS:
+            frame = Frame(frame.meta, {LOGITS: self.change(frame.tensors[LOGITS])})
+        super()._send(frame)
 
 
 class HostileClient(TurnClient):
@@ -95,19 +113,15 @@ def relay(redis_url: str) -> Iterator[tuple[str, StreamPair]]:
     client.close()
 
 
-@pytest.mark.parametrize(
-    ("change", "check"),
-    [
-        (lambda y: y[:, :, :16, :16].contiguous(), "shape"),
-        (lambda y: y[:, 0, 0, 0].contiguous(), "shape"),
-        (lambda y: y.to(torch.float32), "shape"),
-        (lambda y: torch.where(y == 1, 2, y), "labels in range"),
-    ],
-    ids=["mask-of-another-size", "class-per-image", "float-mask", "class-2-of-2"],
-)
-def test_a_bad_mask_fails_the_turn_and_changes_nothing(
-    redis_url: str, relay: tuple[str, StreamPair], change: Change, check: str
-) -> None:
+def turn(
+    redis_url: str,
+    relay: tuple[str, StreamPair],
+    *,
+    client_change: Change | None = None,
+    server_change: Change | None = None,
+) -> tuple[list[BaseException], Hooks, Any, Callable[[], Any]]:
+    """A vanilla UNet segmentation turn over Redis: the refusals the server raised, its
+    hooks, its party, and how to run the hospital (returns its report)."""
     job, streams = relay
     config = TrainingConfig(
         cuts=("model.skip.submodule.down",),
@@ -116,8 +130,7 @@ def test_a_bad_mask_fails_the_turn_and_changes_nothing(
         job=job,
         task="segmentation",
     )
-    model = JobModel("unet", 2, 1, 2, SHAPE, seed=5)
-    split = cached_split(model, config.cuts)
+    split = cached_split(JobModel("unet", 2, 1, 2, SHAPE, seed=5), config.cuts)
     ids = TurnIds(job, 0, 0, config.mode, config.codec)
     train = synthetic_segmentation_split(BATCH * STEPS, shape=SHAPE, seed=1)
     val = synthetic_segmentation_split(BATCH, shape=SHAPE, seed=2)
@@ -127,7 +140,7 @@ def test_a_bad_mask_fails_the_turn_and_changes_nothing(
     hooks = Hooks()
     party = server_party(split, config)
     hooks.module = party.module
-    server = TurnServer(
+    server_kwargs: dict[str, Any] = dict(
         ids=ids,
         channel=RedisChannel(redis_url),
         streams=streams,
@@ -141,18 +154,12 @@ def test_a_bad_mask_fails_the_turn_and_changes_nothing(
         poll_interval=0.05,
         silence_timeout=10,
     )
-    refused: list[FrameRefused] = []
-
-    def serve() -> None:
-        try:
-            server.run()
-        except FrameRefused as e:
-            refused.append(e)
-
-    serving = threading.Thread(target=serve, daemon=True)
-    serving.start()
-    client = HostileClient(
-        change=change,
+    server = (
+        HostileServer(change=server_change, **server_kwargs)
+        if server_change
+        else TurnServer(**server_kwargs)
+    )
+    client_kwargs: dict[str, Any] = dict(
         ids=ids,
         channel=RedisChannel(redis_url),
         streams=streams,
@@ -166,13 +173,48 @@ def test_a_bad_mask_fails_the_turn_and_changes_nothing(
         reply_timeout=10,
         limits=limits,
     )
-    try:
-        report = client.run()
-    finally:
-        hooks.stop.set()
-        serving.join(10)
-        client.channel.close()
-        server.channel.close()
+    client = (
+        HostileClient(change=client_change, **client_kwargs)
+        if client_change
+        else TurnClient(**client_kwargs)
+    )
+    refused: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run()
+        except FrameRefused as e:
+            refused.append(e)
+
+    def run() -> Any:
+        serving = threading.Thread(target=serve, daemon=True)
+        serving.start()
+        try:
+            return client.run()
+        finally:
+            hooks.stop.set()
+            serving.join(10)
+            client.channel.close()
+            server.channel.close()
+
+    return refused, hooks, party, run
+
+
+@pytest.mark.parametrize(
+    ("change", "check"),
+    [
+        (lambda y: y[:, :, :16, :16].contiguous(), "shape"),
+        (lambda y: y[:, 0, 0, 0].contiguous(), "shape"),
+        (lambda y: y.to(torch.float32), "shape"),
+        (lambda y: torch.where(y == 1, 2, y), "labels in range"),
+    ],
+    ids=["mask-of-another-size", "class-per-image", "float-mask", "class-2-of-2"],
+)
+def test_a_bad_mask_fails_the_turn_and_changes_nothing(
+    redis_url: str, relay: tuple[str, StreamPair], change: Change, check: str
+) -> None:
+    refused, hooks, party, run = turn(redis_url, relay, client_change=change)
+    report = run()
     (error,) = refused
     assert f"hospital general's activations frame for step {HOSTILE_STEP}" in str(error)
     assert f"failed the {check!r} check" in str(error), error
@@ -182,3 +224,14 @@ def test_a_bad_mask_fails_the_turn_and_changes_nothing(
     now = party.module.state_dict()
     assert max(hooks.after) == HOSTILE_STEP
     assert all(torch.equal(now[k], v) for k, v in honest.items())
+
+
+def test_logits_of_another_size_than_the_masks_are_refused_by_the_hospital(
+    redis_url: str, relay: tuple[str, StreamPair]
+) -> None:
+    _, _, _, run = turn(redis_url, relay, server_change=lambda t: t[:, :, :16, :16].contiguous())
+    with pytest.raises(FrameRejected) as refused:
+        run()
+    assert refused.value.check == "shape", refused.value
+    assert f"the server's eval_outputs frame for step {STEPS}" in str(refused.value)
+    assert "(B, 2, 32, 32)" in str(refused.value)
