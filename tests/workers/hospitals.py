@@ -13,12 +13,13 @@ import torch
 
 from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
-from medsplit.data import DataSplit, synthetic_split
+from medsplit.data import DataSplit, synthetic_segmentation_split, synthetic_split
 from medsplit.errors import ChannelError
 from medsplit.protocol.handoff import export_parties, import_parties
 from medsplit.training.reference import train_unsplit
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import client_parties, server_party
+from medsplit.training.tasks import SEGMENTATION
 from medsplit.turns import ClientOutcome, ClientReport, MemorySnapshots, TurnClient, TurnIds
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
@@ -43,11 +44,13 @@ def report_sizes(job: Job, train: list[DataSplit], val: list[DataSplit | None]) 
 
 
 def local_data(job: Job, samples: int) -> list[DataSplit]:
-    """Each participant's own synthetic images, of the job's input shape."""
+    """Each participant's own synthetic images, of the job's input shape (with masks, for
+    a segmentation job)."""
     described = job.job_description()
     shape = described.input_shape
+    make = synthetic_segmentation_split if described.task == SEGMENTATION else synthetic_split
     return [
-        synthetic_split(samples, shape=shape, num_classes=described.num_classes, seed=100 + i)
+        make(samples, shape=shape, num_classes=described.num_classes, seed=100 + i)
         for i in range(job.participants.count())
     ]
 
@@ -125,6 +128,7 @@ class Hospitals:
                 num_classes=self.job.job_description().num_classes,
                 train=len(train),
                 val=len(val) if val is not None else 0,
+                label_shape=self.job.job_description().label_shape,
             ),
         )
         while True:

@@ -265,3 +265,37 @@ def test_a_vertical_round_without_every_party_s_turn_fails_the_others_saying_why
     assert label.status == Turn.Status.FAILED
     assert "needs every party's turn at once" in label.failure_reason
     assert passive.hospital.slug in label.failure_reason
+
+
+def test_a_vanilla_segmentation_job_takes_its_task_s_loss_at_the_worker_exactly(
+    runtime: str, make_job, admin_actor: Actor, three_hospitals
+) -> None:
+    """In vanilla mode the masks travel and the worker computes the loss: the job's
+    (Dice and cross-entropy, the segmentation default), bit for bit as unsplit training."""
+    for hospital in three_hospitals[:2]:
+        hospital.dataset_summary = {
+            "image_shape": [1, 32, 32],
+            "split_sizes": {"train": 32, "val": 8},
+            "task": "segmentation",
+            "masks": 40,
+            "mask_classes": {"0": 40, "1": 40},
+        }
+        hospital.save(update_fields=["dataset_summary"])
+    job = scheduled(
+        make_job,
+        admin_actor,
+        model="unet",
+        task="segmentation",
+        cuts=["model.skip.submodule.down"],
+        participants=[{"hospital": h.slug} for h in three_hospitals[:2]],
+        rounds=1,
+        max_steps_per_turn=2,
+    )
+    train, val = local_data(job, 32), local_data(job, 8)
+    with deterministic():
+        hospitals = Hospitals(job, runtime, train, val).start()
+        assert drive(job) == ["completed"] * 2
+        hospitals.join(30)
+        assert_exact(hospitals)
+    turns = Turn.objects.filter(job=job)
+    assert all("val_dice" in t.metrics and "val_accuracy" not in t.metrics for t in turns)
