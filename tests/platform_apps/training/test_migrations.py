@@ -52,8 +52,14 @@ def test_an_existing_job_gets_the_description_its_columns_held_and_back() -> Non
         executor.migrate(AFTER)
         job = _model(executor, AFTER).objects.get(pk=old.pk)
         described = JobDescription.from_json(job.description)
-        # Already normal, every field: version 1 (0010_model_args makes it version 2).
-        assert described.to_json() == {**job.description, "version": 2, "model_args": {}}
+        # Already normal, every field: version 1 (0010_model_args makes it version 2; it
+        # reads as 3, without augmentation).
+        assert described.to_json() == {
+            **job.description,
+            "version": 3,
+            "model_args": {},
+            "augmentation": [],
+        }
         assert described.training_config(f"job-{job.pk}") == TrainingConfig(
             cuts=("pool1", "pool"),
             mode="ushaped",
