@@ -6,7 +6,8 @@ Typical use by the agent::
     summary = check_data(source, input_shape=(1, 64, 64), num_classes=2)  # before a turn
     data, summary = load_local(source, input_shape=(1, 64, 64), num_classes=2)
     data = prepare(data, input_shape=(1, 64, 64), num_classes=2)
-    train = augment(data.train, job_augment, epoch=epoch)  # per epoch; off by default
+
+The job's augmentation is the core's, per training batch (medsplit.training.augment).
 
 A vertical party (vertical jobs) reads its records with identifiers instead::
 
@@ -27,20 +28,18 @@ from hospital_agent.data.local import (
 )
 from hospital_agent.data.problems import MAX_PROBLEMS, DataProblem, Problem
 from hospital_agent.data.sources import DataSource, load_source, read_image
-from hospital_agent.data.transforms import AugmentConfig, augment, prepare
+from hospital_agent.data.transforms import prepare
 from hospital_agent.data.vertical import VerticalRecords, identifier_of, load_vertical
 
 __all__ = [
     "DEFAULT_VAL_FRACTION",
     "MAX_PROBLEMS",
-    "AugmentConfig",
     "DataProblem",
     "DataSource",
     "DataSummary",
     "LocalData",
     "Problem",
     "VerticalRecords",
-    "augment",
     "check_data",
     "identifier_of",
     "load_local",

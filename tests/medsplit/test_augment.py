@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,6 +46,11 @@ def test_each_step_draws_from_the_seed_round_hospital_and_step_alone() -> None:
         want = augment_batch(cfg.augmentation, p.x, p.y, seed=step_seed(0, 1, 2, step))
         assert torch.equal(a.x, want[0]) and torch.equal(a.y, p.y)
         assert not torch.equal(a.x, p.x), "augmentation changed nothing"
+    # The global random states play no part.
+    torch.manual_seed(99)
+    np.random.seed(99)
+    again = next(turn_batches(cfg, split, round_=1, hospital=2))
+    assert torch.equal(again.x, first[0].x)
     x, y = plain[0].x, plain[0].y
     seeds = [
         step_seed(0, 1, 2, 0),
