@@ -78,6 +78,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("--seeds", "0", "--epochs", "2", "--repeats", "2", "--steps", "3", "--ks", "3", "5"),
     ),
     Benchmark("bench_vertical", 9, (), ("--seeds", "0", "--epochs", "2")),
+    Benchmark("bench_augment", 8, (), ("--seeds", "0", "--epochs", "2", "--limit", "192")),
 )
 
 
