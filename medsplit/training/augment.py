@@ -327,7 +327,9 @@ def _fits(value: object, param: Param) -> bool:
         return False
     if param.integer and not isinstance(value, int):
         return False
-    return math.isfinite(value) and param.low <= value <= param.high
+    # A comparison, not math.isfinite: that turns a huge int into a float and overflows;
+    # NaN fails every comparison, infinities the bounds.
+    return param.low <= value <= param.high
 
 
 def _shape_problems(
