@@ -204,7 +204,7 @@ def augmentation_problems(
             its spatial axes, and ``rotate90`` needs square ``(H, W)``.
     """
     if not isinstance(items, list | tuple):
-        return (), [f"must be a list of transforms, got {items!r}"]
+        return (), [f"must be a list of transforms, got {_shown(items)}"]
     if len(items) > MAX_TRANSFORMS:
         return (), [f"at most {MAX_TRANSFORMS} transforms, got {len(items)}"]
     normal: list[Mapping[str, Any]] = []
@@ -212,12 +212,14 @@ def augmentation_problems(
     for index, item in enumerate(items):
         where = f"item {index}"
         if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
-            problems.append(f"{where}: must be an object with a transform's name, got {item!r}")
+            problems.append(
+                f"{where}: must be an object with a transform's name, got {_shown(item)}"
+            )
             continue
         spec = TRANSFORMS.get(item["name"])
         if spec is None:
             problems.append(
-                f"{where}: unknown transform {item['name']!r}; known: {', '.join(TRANSFORMS)}"
+                f"{where}: unknown transform {_shown(item['name'])}; known: {', '.join(TRANSFORMS)}"
             )
             continue
         where = f"{where} ({spec.name})"
@@ -225,14 +227,13 @@ def augmentation_problems(
         for key in item:
             if key != "name" and key not in spec.params:
                 takes = ", ".join(spec.params)
-                problems.append(f"{where}: unknown parameter {key!r} (it takes {takes})")
+                problems.append(f"{where}: unknown parameter {_shown(key)} (it takes {takes})")
         for name, param in spec.params.items():
             value = item.get(name, param.default)
             if not _fits(value, param):
                 kind = "an integer" if param.integer else "a number"
-                problems.append(
-                    f"{where}: {name} must be {kind} in [{param.low}, {param.high}], got {value!r}"
-                )
+                bounds = f"[{param.low}, {param.high}]"
+                problems.append(f"{where}: {name} must be {kind} in {bounds}, got {_shown(value)}")
                 continue
             values[name] = int(value) if param.integer else float(value)
         problems.extend(_shape_problems(where, values, input_shape))
@@ -320,6 +321,12 @@ def _mask_form(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         f"augmentation takes class labels (N,) or masks (N, 1, ...) or (N, ...) of the "
         f"images' size {list(spatial)}; got targets {list(y.shape)} for images {list(x.shape)}"
     )
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut short: a problem's text stays small whatever was sent."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else "a huge integer"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fits(value: object, param: Param) -> bool:

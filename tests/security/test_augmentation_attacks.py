@@ -43,12 +43,15 @@ def test_an_agent_refuses_a_description_with_endless_or_poisoned_transforms() ->
         {"name": {"name": "flip"}},
         {"name": "__class__"},
         {"name": "flip", "axis": -1},
+        {"name": "flip", "prob": 10**5000},  # past what Python will write out as text
+        {"name": "x" * 100_000},
     ]
     with pytest.raises(JobDescriptionError) as error:
         JobDescription.from_json({**DESCRIPTION, "augmentation": poisoned})
     reasons = error.value.problems["augmentation"]
     assert len(reasons) == len(poisoned), reasons
     assert "unknown transform '__class__'" in reasons[4]
+    assert "got a huge integer" in reasons[6] and max(len(r) for r in reasons) < 300
 
 
 @pytest.mark.django_db
