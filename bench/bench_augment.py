@@ -268,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for i, seed in enumerate(seeds)
     ]
-    given = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    given = " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv) if a != "--json"
+    )
     result = {
         "date": today(),
         "command": f".venv/bin/python bench/bench_augment.py {given}".strip(),
