@@ -79,6 +79,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark("bench_vertical", 9, (), ("--seeds", "0", "--epochs", "2")),
     Benchmark("bench_segmentation", 2, (), ("--seeds", "0", "--epochs", "1", "--train", "96")),
+    Benchmark("bench_augment", 8, (), ("--seeds", "0", "--epochs", "2", "--limit", "192")),
 )
 
 

@@ -8,7 +8,8 @@ Typical use by the agent::
     data = prepare(data, input_shape=(1, 64, 64), num_classes=2)
     # or both at once, the targets checked against the job's task:
     data, summary = load_for_job(source, input_shape=(1, 64, 64), num_classes=2)
-    train = augment(data.train, job_augment, epoch=epoch)  # per epoch; off by default
+
+The job's augmentation is the core's, per training batch (medsplit.training.augment).
 
 A segmentation set holds a mask per image (``images/`` and ``masks/`` of one file name,
 or a CSV ``image,mask``; :mod:`.masks`); a turn reads it for its job, the targets checked
@@ -37,20 +38,18 @@ from hospital_agent.data.local import (
 )
 from hospital_agent.data.problems import MAX_PROBLEMS, DataProblem, Problem
 from hospital_agent.data.sources import DataSource, load_source, read_image
-from hospital_agent.data.transforms import AugmentConfig, augment, load_for_job, prepare
+from hospital_agent.data.transforms import load_for_job, prepare
 from hospital_agent.data.vertical import VerticalRecords, identifier_of, load_vertical
 
 __all__ = [
     "DEFAULT_VAL_FRACTION",
     "MAX_PROBLEMS",
-    "AugmentConfig",
     "DataProblem",
     "DataSource",
     "DataSummary",
     "LocalData",
     "Problem",
     "VerticalRecords",
-    "augment",
     "check_data",
     "identifier_of",
     "load_for_job",

@@ -1,65 +1,22 @@
-"""MONAI transforms that make local data fit a job: resize, scale, optionally augment.
+"""MONAI transforms that make local data fit a job: resize and scale.
 
-Exactness: split training reproduces unsplit training on the same data only without
-augmentation, or when both runs augment with the same :class:`AugmentConfig` (same seed)
-and the same epochs, since the augmented images depend only on ``(seed, epoch)`` and the
-images' order.
+A job's augmentation is not here: it is the job's own (``JobDescription.augmentation``),
+applied to each training batch by the core (:mod:`medsplit.training.augment`, through
+:func:`medsplit.training.schedule.turn_batches`), so the agent, the simulator and the
+unsplit reference draw the same transforms.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-from dataclasses import dataclass
-
 import torch
-from monai.transforms import Compose, RandFlip, RandRotate, Resize, ScaleIntensity
+from monai.transforms import Compose, Resize, ScaleIntensity
 
 from hospital_agent.data.local import DEFAULT_VAL_FRACTION, DataSummary, LocalData, load_local
 from hospital_agent.data.problems import DataProblem
 from hospital_agent.data.sources import DataSource, check_job
 from medsplit.data import DataSplit
-from medsplit.errors import ConfigError, DataError
+from medsplit.errors import DataError
 from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, check_targets, get_task
-
-MAX_ROTATE_DEGREES = 30.0  # "small" rotations only
-
-
-@dataclass(frozen=True)
-class AugmentConfig:
-    """A job's training-time augmentation; off by default.
-
-    Attributes:
-        flip_prob: probability of flipping an image left-right (its last spatial axis
-            for 2-D, its second for volumes ``(C, H, W, D)``).
-        rotate_degrees: each image is rotated in its (H, W) plane by an angle drawn
-            uniformly from ``[-rotate_degrees, rotate_degrees]``; 0 turns rotation off.
-        seed: with the epoch, fixes every random draw.
-
-    Raises:
-        ConfigError: a value out of range.
-    """
-
-    flip_prob: float = 0.0
-    rotate_degrees: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.flip_prob, int | float) or not 0 <= self.flip_prob <= 1:
-            raise ConfigError(f"flip_prob must be in [0, 1], got {self.flip_prob!r}")
-        if (
-            not isinstance(self.rotate_degrees, int | float)
-            or not 0 <= self.rotate_degrees <= MAX_ROTATE_DEGREES
-        ):
-            raise ConfigError(
-                f"rotate_degrees must be in [0, {MAX_ROTATE_DEGREES}], got {self.rotate_degrees!r}"
-            )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.flip_prob > 0 or self.rotate_degrees > 0
 
 
 def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) -> LocalData:
@@ -162,43 +119,6 @@ def load_for_job(
     return prepared, found
 
 
-def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit:
-    """The training images of one epoch, augmented; ``split`` itself when augmentation
-    is off. Call it on the prepared train part only, once per epoch.
-
-    The draws depend only on ``(config.seed, epoch)`` and the images' order (MONAI's
-    random state is seeded here; the global RNG is unused), so the same call gives the
-    same images. Labels are unchanged.
-
-    Raises:
-        ConfigError: ``epoch`` is not an integer >= 0.
-    """
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        raise ConfigError(f"epoch must be an integer >= 0, got {epoch!r}")
-    if not config.enabled or len(split) == 0:
-        return split
-    if split.has_masks:
-        # These draws move images only; a mask would no longer fit its image.
-        raise ConfigError(
-            "AugmentConfig transforms images alone; a segmentation set's masks must move "
-            "with them (the job's augmentation does)"
-        )
-    spatial_dims = split.images.dim() - 2
-    steps = []
-    if config.flip_prob > 0:
-        steps.append(RandFlip(prob=config.flip_prob, spatial_axis=1))
-    if config.rotate_degrees > 0:
-        angle = math.radians(config.rotate_degrees)
-        # 2-D: the only plane. 3-D (C, H, W, D): about the depth axis, i.e. in (H, W).
-        plane = {"range_x": angle} if spatial_dims == 2 else {"range_z": angle}
-        steps.append(
-            RandRotate(prob=1.0, keep_size=True, padding_mode="border", **plane)  # type: ignore[arg-type]
-        )
-    transform = Compose(steps)
-    transform.set_random_state(seed=_epoch_seed(config.seed, epoch))
-    return _apply(split, transform)
-
-
 def _apply(
     split: DataSplit,
     transform: Compose,
@@ -220,8 +140,3 @@ def _apply(
         resized = [torch.as_tensor(masks(mask.to(torch.float32))) for mask in split.labels]
         labels = torch.stack(resized).round().to(torch.int64)
     return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=labels.contiguous())
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    digest = hashlib.sha256(f"hospital-agent-augment:{seed}:{epoch}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")  # numpy's RandomState takes 32 bits

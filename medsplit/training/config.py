@@ -10,7 +10,15 @@ from typing import Any
 from medsplit.errors import ConfigError
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.augment import Augmentation, check_augmentation
 from medsplit.training.tasks import DEFAULT_TASK, LossFn, get_task, loss_name, make_loss
+
+#: Why a job whose parties hold different features of a record cannot augment.
+VERTICAL_AUGMENTATION = (
+    "augmentation is not available in a mode whose parties hold different features of the "
+    "same records: each party would transform its own part of a record, and the parts "
+    "would no longer agree"
+)
 
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
@@ -37,6 +45,9 @@ class TrainingConfig:
         task: what the job learns, a name of :data:`medsplit.training.tasks.TASKS`.
         loss: a loss of the task (:attr:`~medsplit.training.tasks.TaskSpec.losses`);
             ``""``: the task's default.
+        augmentation: MONAI random transforms applied to every training batch, drawn per
+            step from the seed (:mod:`medsplit.training.augment`); normalised, parameters
+            filled in; empty: none. Not for a mode whose parties hold different features.
     """
 
     cuts: tuple[str, ...]
@@ -54,6 +65,7 @@ class TrainingConfig:
     mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     task: str = DEFAULT_TASK
     loss: str = ""
+    augmentation: Augmentation = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
@@ -62,6 +74,9 @@ class TrainingConfig:
         object.__setattr__(self, "mode_options", options)
         # The options may change the mode's cuts (SplitFed's label placement).
         object.__setattr__(self, "cuts", mode.with_options(options).check_cuts(self.cuts))
+        object.__setattr__(self, "augmentation", check_augmentation(self.augmentation))
+        if self.augmentation and mode.feature_sets:
+            raise ConfigError(VERTICAL_AUGMENTATION)
         for name in ("batch_size", "local_epochs", "rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

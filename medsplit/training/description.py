@@ -22,7 +22,8 @@ from medsplit.models import get_model_spec, is_factory_name, model_names
 from medsplit.models.factory import canonical_model_args, factory_module
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
-from medsplit.training.config import TrainingConfig
+from medsplit.training.augment import Augmentation, augmentation_json, augmentation_problems
+from medsplit.training.config import VERTICAL_AUGMENTATION, TrainingConfig
 from medsplit.training.party_models import (
     PartyFront,
     PartyModelSpec,
@@ -41,7 +42,7 @@ FORMAT = 3
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
 #: 2 without ``model_args`` (none: the registry models of its day take none); 2 is 3
 #: without the fields :data:`_NEW_IN_3` (each at its default: ``party_models`` none, so
-#: every vertical party ran the job's model; the task classification).
+#: every vertical party ran the job's model; the task classification; no augmentation).
 READS = (1, 2, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
@@ -95,6 +96,9 @@ class JobDescription:
         task: what the job learns (:data:`medsplit.training.tasks.TASKS`); a
             segmentation job needs a segmentation model (``ModelSpec.tasks``).
         loss: one of the task's losses; ``""`` for its default.
+        augmentation: MONAI random transforms on every training batch, drawn per step
+            from the seed (:mod:`medsplit.training.augment`): a list of
+            ``{"name": NAME, PARAM: VALUE}``, parameters filled in; empty: none.
         version: the JSON form's version, :data:`FORMAT`.
 
     Raises:
@@ -121,6 +125,7 @@ class JobDescription:
     party_models: Mapping[str, PartyModelSpec] = field(default_factory=dict)
     task: str = DEFAULT_TASK
     loss: str = ""
+    augmentation: Augmentation = ()
     version: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -158,6 +163,7 @@ class JobDescription:
             "party_models": {name: spec.to_json() for name, spec in self.party_models.items()},
             "task": self.task,
             "loss": self.loss,
+            "augmentation": augmentation_json(self.augmentation),
         }
 
     @classmethod
@@ -200,7 +206,7 @@ class JobDescription:
                     "update the older of the two parties"
                 )
             return {"version": [reason]}
-        known = {1: _FIELDS_1, 2: _FIELDS_2}.get(version, _FIELDS)
+        known = _KNOWN[version]
         for key in data:
             if key not in known:
                 _add(problems, str(key), f"unknown field; known fields: {', '.join(known)}")
@@ -260,6 +266,7 @@ class JobDescription:
             job=job,
             task=self.task,
             loss=self.loss,
+            augmentation=self.augmentation,
         )
 
     @property
@@ -292,13 +299,16 @@ _FIELDS = (
     "party_models",
     "task",
     "loss",
+    "augmentation",
 )
 #: The fields version 3 added (version 2 is read with them at their defaults).
-_NEW_IN_3 = ("party_models", "task", "loss")
+_NEW_IN_3 = ("party_models", "task", "loss", "augmentation")
 #: The fields of version 2.
 _FIELDS_2 = tuple(name for name in _FIELDS if name not in _NEW_IN_3)
 #: The fields of version 1.
 _FIELDS_1 = tuple(name for name in _FIELDS_2 if name != "model_args")
+#: The fields each version read takes.
+_KNOWN = {1: _FIELDS_1, 2: _FIELDS_2, FORMAT: _FIELDS}
 _REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
 #: The integer fields and their least value.
 _AT_LEAST = {
@@ -342,6 +352,8 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
             value = tuple(value) if ok else value
         elif name in ("mode_options", "model_args", "party_models"):
             ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+        elif name == "augmentation":
+            ok = isinstance(value, list | tuple)  # its items: _check_augmentation
         else:  # the optimizers
             try:
                 value = OptimizerConfig.from_json(value)
@@ -411,6 +423,7 @@ def _check(
             # The options may change the mode's cuts (SplitFed's label placement).
             mode = mode.with_options(normal["mode_options"])
         _check_cuts(mode, values, problems, normal, present)
+    _check_augmentation(mode, values, problems, normal, present)
     return normal
 
 
@@ -599,3 +612,18 @@ def _check_options(mode: SplitMode, values, problems, normal, present, partial) 
             _add(problems, "mode_options", problem)
         filled[name] = value
     normal["mode_options"] = MappingProxyType(filled)
+
+
+def _check_augmentation(mode: SplitMode | None, values, problems, normal, present) -> None:
+    """The transforms: known, their parameters in range, fit for the images' shape; none
+    in a mode whose parties hold different features of a record."""
+    if not present("augmentation"):
+        return
+    shape = values.get("input_shape") if present("input_shape") else None
+    augmentation, reasons = augmentation_problems(values["augmentation"], input_shape=shape)
+    for reason in reasons:
+        _add(problems, "augmentation", reason)
+    if augmentation and mode is not None and mode.feature_sets:
+        _add(problems, "augmentation", VERTICAL_AUGMENTATION)
+    if not reasons:
+        normal["augmentation"] = augmentation

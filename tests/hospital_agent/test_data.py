@@ -15,11 +15,9 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
 
 from hospital_agent.data import (
-    AugmentConfig,
     DataProblem,
     DataSource,
     LocalData,
-    augment,
     check_data,
     load_local,
     load_source,
@@ -28,7 +26,7 @@ from hospital_agent.data import (
     split_local,
     summary,
 )
-from medsplit.data import DataSplit, synthetic_split
+from medsplit.data import synthetic_split
 from medsplit.errors import ConfigError, DataError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -313,7 +311,7 @@ def test_synthetic_config_problems() -> None:
         check_data(DataSource(kind="synthetic", samples=9, num_classes=3), num_classes=2)
 
 
-# -- summary, split, prepare, augment ---------------------------------------------------
+# -- summary, split, prepare ---------------------------------------------------
 
 
 def test_summary_matches_the_heartbeat_format(tmp_path: Path) -> None:
@@ -373,32 +371,6 @@ def test_prepare_refuses_what_it_cannot_fit() -> None:
         prepare(data, input_shape=(1, 28, 28), num_classes=2)
     with pytest.raises(ConfigError, match="input_shape"):
         prepare(data, input_shape=(28, 28), num_classes=3)
-
-
-def test_augmentation_off_by_default_and_deterministic() -> None:
-    train = split_local(synthetic_split(8, seed=1), seed=0).train
-    assert augment(train, AugmentConfig(), epoch=0) is train
-    config = AugmentConfig(flip_prob=0.5, rotate_degrees=10, seed=3)
-    first = augment(train, config, epoch=0)
-    assert torch.equal(first.images, augment(train, config, epoch=0).images)
-    assert not torch.equal(first.images, train.images)
-    assert not torch.equal(first.images, augment(train, config, epoch=1).images)
-    other = augment(train, AugmentConfig(flip_prob=0.5, rotate_degrees=10, seed=4), epoch=0)
-    assert not torch.equal(first.images, other.images)
-    assert torch.equal(first.labels, train.labels) and first.images.shape == train.images.shape
-    assert first.images.min() >= 0 and first.images.max() <= 1
-    # The global RNG plays no part.
-    torch.manual_seed(99)
-    np.random.seed(99)
-    assert torch.equal(first.images, augment(train, config, epoch=0).images)
-    with pytest.raises(ConfigError, match="rotate_degrees"):
-        AugmentConfig(rotate_degrees=90)
-
-
-def test_flip_only_is_an_exact_mirror() -> None:
-    train = DataSplit(torch.rand(6, 1, 5, 7), torch.zeros(6, dtype=torch.int64))
-    out = augment(train, AugmentConfig(flip_prob=1.0), epoch=0)
-    assert torch.equal(out.images, train.images.flip(-1))
 
 
 def test_local_data_is_a_plain_pair() -> None:

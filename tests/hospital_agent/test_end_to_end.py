@@ -284,7 +284,17 @@ def test_an_agent_killed_mid_turn_comes_back_and_the_job_stays_exact(
         processes.celery_worker("worker")
         processes.celery_beat()
         # Smaller batches and two local epochs: turns long enough to be cut in the middle.
-        job = job_for(admin_actor, hospitals, seed, "vanilla", batch_size=16, local_epochs=2)
+        # Augmented: the resumed turn must draw each step's transforms as the unsplit
+        # reference does (seeded per step, medsplit.training.augment).
+        job = job_for(
+            admin_actor,
+            hospitals,
+            seed,
+            "vanilla",
+            batch_size=16,
+            local_epochs=2,
+            augmentation=[{"name": "flip"}, {"name": "rotate", "degrees": 15}],
+        )
         # Five steps served means the hospital has sent step 4, so it holds its snapshot
         # before step 3 (checkpoints every 3) and the resume must start there; at three
         # served, it may still wait on the answer that snapshot needs (resuming at 0).
@@ -314,6 +324,7 @@ def test_an_agent_killed_mid_turn_comes_back_and_the_job_stays_exact(
     assert resumed is not None and resumed.details["step"] >= 3, "the resumed turn left no trace"
     slug = busy.hospital.slug
     assert AuditEvent.objects.filter(action="agent.started", hospital=slug).count() == 2
+    assert job.training_config().augmentation, "the job trained augmented"
     assert_exact(job, prepared_trains(job, files), finals[1])
     log = (processes.folder / "agent-1.log").read_text()
     assert "enrolled as" in log and log.count("enrolled as") == 1, "enrolled once, not again"

@@ -110,6 +110,17 @@ def test_verify_is_exact_without_codec(capsys, mode: str) -> None:
     assert report["first_difference"] is None
 
 
+def test_verify_with_augmentation_is_still_exact(capsys) -> None:
+    augment = '[{"name": "flip"}, {"name": "rotate", "degrees": 15}, {"name": "scale_intensity"}]'
+    rc = main(["verify", "small_cnn", "--steps", "6", "--augment", augment, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["exact"] is True and report["steps"] == 6
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "small_cnn", "--augment", '[{"name": "flip", "prob": 2}]'])
+    assert e.value.code == 2
+    assert "prob must be a number in [0.0, 1.0], got 2" in capsys.readouterr().err
+
+
 def test_verify_with_a_lossy_codec_is_not_exact(capsys) -> None:
     rc = main(["verify", "small_cnn", "--steps", "6", "--codec", "fp16", "--json"])
     report = json.loads(capsys.readouterr().out)

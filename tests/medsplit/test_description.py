@@ -78,6 +78,7 @@ def test_the_json_form_round_trips_through_text() -> None:
         rounds=3,
         codec="int8",
         seed=1234,
+        augmentation=({"name": "flip", "axis": 0}, {"name": "rotate", "prob": 1.0}),
     )
     text = json.dumps(description.to_json())
     back = JobDescription.from_json(json.loads(text))
@@ -356,3 +357,54 @@ def test_partial_checks_skip_what_is_absent() -> None:
     assert JobDescription.problems({"codec": "zip"}, partial=True) == {
         "codec": ["unknown codec 'zip'; known codecs: none, fp16, bf16, int8"]
     }
+
+
+def test_version_2_is_read_as_version_3_without_augmentation() -> None:
+    old = described(version=2)
+    description = JobDescription.from_json(old)
+    assert description == JobDescription.from_json(described())
+    assert description.augmentation == () and description.to_json()["augmentation"] == []
+    problems = problems_of(described(version=2, augmentation=[]))
+    assert list(problems) == ["augmentation"] and "unknown field" in problems["augmentation"][0]
+
+
+def test_augmentation_is_filled_in_and_reaches_the_training_config() -> None:
+    description = JobDescription.from_json(described(augmentation=[{"name": "rotate90"}]))
+    assert description.to_json()["augmentation"] == [{"name": "rotate90", "prob": 0.5}]
+    assert description.training_config("job-1").augmentation == description.augmentation
+
+
+@pytest.mark.parametrize(
+    ("augmentation", "reason"),
+    [
+        ({"name": "flip"}, "has the wrong type"),
+        (["flip"], "item 0: must be an object with a transform's name"),
+        ([{"name": "blur"}], "item 0: unknown transform 'blur'; known: flip, rotate90"),
+        ([{"name": "flip", "angle": 3}], "item 0 (flip): unknown parameter 'angle' (it takes"),
+        (
+            [{"name": "flip"}, {"name": "flip", "prob": 1.5}],
+            "item 1 (flip): prob must be a number in [0.0, 1.0], got 1.5",
+        ),
+        ([{"name": "rotate", "degrees": 270}], "degrees must be a number in [0.0, 180.0], got 270"),
+        ([{"name": "rotate", "prob": True}], "prob must be a number in [0.0, 1.0], got True"),
+        ([{"name": "flip", "axis": 2}], "flip axis 2 is not one of the images' 2 spatial axes"),
+        ([{"name": "flip", "axis": 0.5}], "axis must be an integer in [0, 2], got 0.5"),
+        ([{"name": "flip"}] * 17, "at most 16 transforms, got 17"),
+    ],
+)
+def test_augmentation_rules_name_their_field(augmentation: object, reason: str) -> None:
+    problems = problems_of(described(augmentation=augmentation))
+    assert list(problems) == ["augmentation"]
+    assert any(reason in r for r in problems["augmentation"]), problems
+
+
+def test_augmentation_is_refused_where_it_cannot_be_done_right() -> None:
+    square = problems_of(described(input_shape=[1, 28, 32], augmentation=[{"name": "rotate90"}]))
+    assert square == {
+        "augmentation": ["item 0 (rotate90): rotate90 needs square images, not H x W 28 x 32"]
+    }
+    vertical = problems_of(
+        described(mode="vertical", cuts=["pool1", "pool"], augmentation=[{"name": "flip"}])
+    )
+    assert list(vertical) == ["augmentation"]
+    assert "parties hold different features of the same records" in vertical["augmentation"][0]

@@ -94,6 +94,7 @@ _OPTION_FIELDS = {
     "int | None": lambda: serializers.IntegerField(allow_null=True),
     "tuple[int, ...]": lambda: serializers.ListField(child=serializers.IntegerField()),
     "tuple[str, ...]": lambda: serializers.ListField(child=serializers.CharField()),
+    "Augmentation": lambda: serializers.ListField(child=serializers.DictField()),
 }
 
 
@@ -707,6 +708,15 @@ class TaskSerializer(serializers.Serializer):
         help_text="what validation reports besides the loss, as val_<metric> in a turn's "
         "metrics: accuracy or dice"
     )
+
+
+class AugmentationSerializer(serializers.Serializer):
+    """A transform a job's augmentation can name
+    (medsplit.training.augment.describe_augmentations)."""
+
+    name = serializers.CharField(help_text="what an augmentation item's name takes")
+    description = serializers.CharField()
+    params = serializers.DictField(help_text="each parameter it takes, with its default")
 
 
 class OptimizerOptionSerializer(serializers.Serializer):

@@ -1,6 +1,6 @@
 # The job description's version 3 adds fields that every job stored before takes at its
 # default: party_models (a vertical party's own model; none: every party ran the job's),
-# task (classification) and loss (its default).
+# task (classification), loss (its default) and augmentation (none).
 #
 # Backwards: version 2 again, those fields gone; a job that uses one of them (not at its
 # default) has no version-2 form, so going back refuses while one is stored.
@@ -10,7 +10,7 @@ from django.db import migrations
 #: The versions before and after, and the new fields' defaults, as written when this
 #: migration was made.
 BEFORE, AFTER = 2, 3
-ADDED = {"party_models": {}, "task": "classification", "loss": ""}
+ADDED = {"party_models": {}, "task": "classification", "loss": "", "augmentation": []}
 
 
 def to_version_3(apps, schema_editor):

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from medsplit.protocol.optim import OPTIMIZERS, SCHEDULES, OptimizerConfig
+from medsplit.training.augment import TRANSFORMS
 from medsplit.training.description import JobDescription
 from medsplit.wire.codecs import CODECS
 from training import services
@@ -188,6 +189,17 @@ def test_optimizers_list_each_with_its_options_and_defaults(admin, hal) -> None:
     assert APIClient().get("/api/optimizers/").status_code in (401, 403)
 
 
+def test_augmentations_list_each_transform_with_its_parameters(admin, hal) -> None:
+    for client in (admin, hal):
+        response = client.get("/api/augmentations/")
+        assert response.status_code == 200, response.content
+        body = response.json()
+        assert [t["name"] for t in body] == list(TRANSFORMS)
+        assert body[0]["name"] == "flip" and body[0]["params"] == {"prob": 0.5, "axis": 1}
+        assert all(t["description"] for t in body)
+    assert APIClient().get("/api/augmentations/").status_code in (401, 403)
+
+
 def test_modes_show_a_mode_registered_later(admin, monkeypatch) -> None:
     from medsplit.modes import MODES
     from tests.medsplit.test_modes import TOY
@@ -257,6 +269,19 @@ def test_consortium_admin_creates_a_draft_job(admin, job_data, three_hospitals) 
     assert [p["position"] for p in body["participants"]] == [0, 1, 2]
     assert body["created_by"] == "ada"
     assert AuditEvent.objects.filter(action="job.created", job_id=body["id"]).exists()
+
+
+def test_a_job_stores_its_augmentation_and_a_bad_one_is_named(admin, job_data) -> None:
+    bad = job_data(augmentation=[{"name": "flip", "prob": 3}, {"name": "warp"}])
+    details = error(admin.post("/api/jobs/", bad, format="json"), 400, "invalid")
+    assert list(details) == ["augmentation"] and len(details["augmentation"]) == 2
+    assert "unknown transform 'warp'" in details["augmentation"][1]
+    good = job_data(augmentation=[{"name": "rotate", "degrees": 10}])
+    response = admin.post("/api/jobs/", good, format="json")
+    assert response.status_code == 201, response.content
+    stored = Job.objects.get().job_description().augmentation
+    assert [dict(t) for t in stored] == [{"name": "rotate", "prob": 0.5, "degrees": 10.0}]
+    assert response.json()["description"]["augmentation"] == [dict(t) for t in stored]
 
 
 def test_bad_job_gets_the_error_shape_and_creates_nothing(admin, job_data) -> None:
