@@ -1,0 +1,158 @@
+"""The dashboard's parts of this session's job fields, in Chromium against the live
+coordinator: a vertical job's label-leakage audit on its page and a passive party's own
+model in the form (issue 19), the task, its loss and the augmentation in the form and a
+segmentation job's Dice on its page (issue 21), and a coordinator without tasks or
+augmentations, whose form does not offer them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.frontend.conftest import screenshot, sign_in
+from tests.platform_apps.conftest import agent_actor
+from training import services
+from training.leakage import leakage_report
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+VERTICAL = {"join": "sum", "labels": "hospital", "min_records": 50}
+
+
+def _new_job_form(page):
+    page.goto("/#/jobs/new")
+    form = page.get_by_test_id("job-form")
+    form.wait_for()
+    form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
+    return form
+
+
+def _posted_job(page, button: str = "create-job") -> dict:
+    """Submit the form and return the body it POSTed to /api/jobs/."""
+    with page.expect_request(
+        lambda r: r.method == "POST" and r.url.endswith("/api/jobs/")
+    ) as posted:
+        page.get_by_test_id(button).click()
+    return json.loads(posted.value.post_data)
+
+
+def test_a_vertical_jobs_page_shows_its_label_leakage_audit_per_round(
+    open_page, consortium_admin, three_hospitals, make_job
+) -> None:
+    label_party, second, third = three_hospitals
+    job = make_job(
+        mode="vertical", cuts=["pool1", "pool"], mode_options=VERTICAL, state="scheduled"
+    )
+    job = services.job_start(job=job)
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto(f"/#/jobs/{job.pk}")
+    box = page.get_by_test_id("leakage")
+    expect(box).to_contain_text("No audit yet")
+    meaning = box.get_by_test_id("leakage-meaning")
+    expect(meaning).to_contain_text("0.5 = nothing leaks")
+    expect(meaning).to_contain_text("1.0 = the labels are fully recovered")
+
+    # The label party's report of round 1 (what its agent POSTs), read by the polling page.
+    leakage_report(
+        actor=agent_actor(label_party),
+        job_id=job.pk,
+        round_index=0,
+        parties={
+            second.slug: {"records": 86, "norm_auc": 0.97, "cosine_auc": 0.52},
+            third.slug: {"records": 86, "norm_auc": 0.71, "cosine_auc": None},
+        },
+    )
+    rows = box.locator("tbody tr")
+    expect(rows).to_have_count(2, timeout=10_000)
+    expect(rows.nth(0)).to_contain_text(second.name)
+    expect(rows.nth(0)).to_contain_text("86")
+    expect(rows.nth(0).locator("td").nth(3)).to_have_text("0.970 labels recovered")
+    expect(rows.nth(0).locator("td").nth(4)).to_have_text("0.520 about chance")
+    expect(rows.nth(1).locator("td").nth(3)).to_have_text("0.710 some leaks")
+    expect(rows.nth(1).locator("td").nth(4)).to_have_text("–")  # labels not binary
+    screenshot(page, "job-leakage")
+
+    # Round 2's, below round 1's.
+    leakage_report(
+        actor=agent_actor(label_party),
+        job_id=job.pk,
+        round_index=1,
+        parties={second.slug: {"records": 86, "norm_auc": 0.03, "cosine_auc": 0.5}},
+    )
+    expect(rows).to_have_count(3, timeout=10_000)
+    expect(rows.nth(2).locator("td").first).to_have_text("2")
+    expect(rows.nth(2).locator("td").nth(3)).to_have_text("0.030 labels recovered")
+
+    # A job whose parties hold the same features has no such section.
+    page.goto(f"/#/jobs/{make_job().pk}")
+    page.get_by_test_id("job-state").wait_for()
+    expect(page.get_by_role("heading", name="Label leakage")).to_be_hidden()
+
+
+def _chosen_in_order(page, hospitals) -> list:
+    """``hospitals`` ticked in the form, in the form's order (its first: the label party)."""
+    for hospital in hospitals:
+        page.get_by_test_id(f"participant-{hospital.slug}").check()
+    slugs = page.locator("ol.participants li.chosen").evaluate_all(
+        "nodes => nodes.map(n => n.dataset.slug)"
+    )
+    by_slug = {h.slug: h for h in hospitals}
+    return [by_slug[slug] for slug in slugs]
+
+
+def test_the_form_gives_a_passive_party_a_model_of_its_own(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    form = _new_job_form(page)
+    form.locator("select[name=mode]").select_option(label="Vertical (sum, labels at home)")
+    label_party, second = _chosen_in_order(page, three_hospitals[:2])
+    expect(page.get_by_test_id("cut-pool")).to_be_checked(timeout=30_000)
+    parties = form.locator("[data-field=party_models]")
+    # The label party runs the job's model: only the other one is offered a model.
+    expect(parties.locator("[data-party]")).to_have_count(1)
+    expect(page.get_by_test_id(f"party-model-{label_party.slug}")).to_have_count(0)
+    page.get_by_test_id(f"party-model-{second.slug}").check()
+    model = form.locator(f"#f-party-{second.slug}-model")
+    expect(model).to_have_value("small_cnn")  # the job's, to start from
+    expect(form.locator(f"#f-party-{second.slug}-shape")).to_have_value("1,28,28")
+    # Its cut table at its shape, the crossing tensor beside each cut; the job's first cut
+    # is chosen where this model has it.
+    cut = form.locator(f"#f-party-{second.slug}-cut")
+    expect(cut).to_have_value("pool1", timeout=30_000)
+    expect(cut.locator("option[value=pool1]")).to_contain_text("[")
+    form.locator(f"#f-party-{second.slug}-args").fill("[1]")
+    form.locator(f"#f-party-{second.slug}-args").blur()
+    expect(parties).to_contain_text("must be a JSON object")
+    form.locator(f"#f-party-{second.slug}-args").fill("")
+    form.locator(f"#f-party-{second.slug}-args").blur()
+    expect(cut).to_have_value("pool1", timeout=30_000)
+    cut.select_option("pool2")
+    screenshot(page, "new-job-party-model")
+    body = _posted_job(page)
+    assert body["party_models"] == {
+        second.slug: {
+            "model": "small_cnn",
+            "model_args": {},
+            "input_shape": [1, 28, 28],
+            "cut": "pool2",
+        }
+    }
+    assert body["participants"] == [{"hospital": label_party.slug}, {"hospital": second.slug}]
+
+    # Moved to the top, it holds the labels and runs the job's model: its own is not sent.
+    page.goto("/#/jobs")
+    form = _new_job_form(page)
+    form.locator("select[name=mode]").select_option(label="Vertical (sum, labels at home)")
+    _chosen_in_order(page, [label_party, second])
+    page.get_by_test_id(f"party-model-{second.slug}").check()
+    while _chosen_in_order(page, [label_party, second])[0] != second:
+        page.get_by_role("button", name=f"Move {second.name} up").click()
+    expect(page.get_by_test_id(f"party-model-{second.slug}")).to_have_count(0)
+    expect(page.get_by_test_id(f"party-model-{label_party.slug}")).not_to_be_checked()
+    assert "party_models" not in _posted_job(page)
