@@ -32,6 +32,12 @@ from medsplit.modes import (
     mode_paths,
 )
 from medsplit.protocol.optim import OPTIMIZERS, OptimizerConfig
+from medsplit.training.augment import (
+    TRANSFORMS,
+    Augmentation,
+    AugmentationError,
+    check_augmentation,
+)
 from medsplit.training.config import TrainingConfig
 from medsplit.training.evaluate import MajorityBaseline, majority_baseline
 from medsplit.training.schedule import turn_length
@@ -198,6 +204,24 @@ def _add_cut_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--augment",
+        type=_augmentation,
+        default=(),
+        metavar="JSON",
+        help="MONAI random transforms on every training batch, drawn per step from the seed: "
+        'a JSON list such as \'[{"name": "flip"}, {"name": "rotate", "degrees": 10}]\' '
+        f"(transforms: {', '.join(TRANSFORMS)}; default: none)",
+    )
+
+
+def _augmentation(text: str) -> Augmentation:
+    try:
+        return check_augmentation(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    except AugmentationError as e:
+        raise argparse.ArgumentTypeError(" / ".join(e.reasons)) from None
 
 
 def _mode_options() -> dict[str, list[ModeOption]]:
@@ -292,6 +316,7 @@ def _training_config(
         batch_size=args.batch_size,
         codec=args.codec,
         seed=args.seed,
+        augmentation=args.augment,
         **overrides,
     )
 

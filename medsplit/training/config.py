@@ -10,6 +10,14 @@ from typing import Any
 from medsplit.errors import ConfigError
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
+from medsplit.training.augment import Augmentation, check_augmentation
+
+#: Why a job whose parties hold different features of a record cannot augment.
+VERTICAL_AUGMENTATION = (
+    "augmentation is not available in a mode whose parties hold different features of the "
+    "same records: each party would transform its own part of a record, and the parts "
+    "would no longer agree"
+)
 
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
@@ -33,6 +41,9 @@ class TrainingConfig:
         drop_last: skip a final short batch (batch norm cannot train on one sample).
         mode_options: the mode's own settings (:meth:`SplitMode.options`); defaults
             filled in, read-only (last, so that positional callers keep their order).
+        augmentation: MONAI random transforms applied to every training batch, drawn per
+            step from the seed (:mod:`medsplit.training.augment`); normalised, parameters
+            filled in; empty: none. Not for a mode whose parties hold different features.
     """
 
     cuts: tuple[str, ...]
@@ -48,6 +59,7 @@ class TrainingConfig:
     job: str = "local"
     drop_last: bool = True
     mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    augmentation: Augmentation = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
@@ -56,6 +68,9 @@ class TrainingConfig:
         object.__setattr__(self, "mode_options", options)
         # The options may change the mode's cuts (SplitFed's label placement).
         object.__setattr__(self, "cuts", mode.with_options(options).check_cuts(self.cuts))
+        object.__setattr__(self, "augmentation", check_augmentation(self.augmentation))
+        if self.augmentation and mode.feature_sets:
+            raise ConfigError(VERTICAL_AUGMENTATION)
         for name in ("batch_size", "local_epochs", "rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -22,17 +22,19 @@ from medsplit.models import get_model_spec, is_factory_name
 from medsplit.models.factory import canonical_model_args, factory_module
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
-from medsplit.training.config import TrainingConfig
+from medsplit.training.augment import Augmentation, augmentation_json, augmentation_problems
+from medsplit.training.config import VERTICAL_AUGMENTATION, TrainingConfig
 from medsplit.training.setup import JobModel
 from medsplit.wire.codecs import CODECS
 
 #: The version of the JSON form this code writes and reads. A party refuses any other
 #: one rather than guess at it; a change of meaning, a field added or one taken away
 #: bumps it (and the coordinator's migration carries stored jobs over).
-FORMAT = 2
+FORMAT = 3
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
-#: 2 without ``model_args`` (none: the registry models of its day take none).
-READS = (1, FORMAT)
+#: 2 without ``model_args`` (none: the registry models of its day take none); 2 is 3
+#: without ``augmentation`` (none).
+READS = (1, 2, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
 MAX_SEED = 2**31 - 1
@@ -77,6 +79,9 @@ class JobDescription:
         rounds: how many times every hospital takes a turn.
         codec: the wire codec (:data:`medsplit.wire.codecs.CODECS`; ``none`` is exact).
         seed: seeds the model's weights and every batch order.
+        augmentation: MONAI random transforms on every training batch, drawn per step
+            from the seed (:mod:`medsplit.training.augment`): a list of
+            ``{"name": NAME, PARAM: VALUE}``, parameters filled in; empty: none.
         version: the JSON form's version, :data:`FORMAT`.
 
     Raises:
@@ -100,6 +105,7 @@ class JobDescription:
     rounds: int = 1
     codec: str = "none"
     seed: int = 0
+    augmentation: Augmentation = ()
     version: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -134,6 +140,7 @@ class JobDescription:
             "rounds": self.rounds,
             "codec": self.codec,
             "seed": self.seed,
+            "augmentation": augmentation_json(self.augmentation),
         }
 
     @classmethod
@@ -176,7 +183,7 @@ class JobDescription:
                     "update the older of the two parties"
                 )
             return {"version": [reason]}
-        known = _FIELDS if version == FORMAT else _FIELDS_1
+        known = _KNOWN[version]
         for key in data:
             if key not in known:
                 _add(problems, str(key), f"unknown field; known fields: {', '.join(known)}")
@@ -223,6 +230,7 @@ class JobDescription:
             codec=self.codec,
             seed=self.seed,
             job=job,
+            augmentation=self.augmentation,
         )
 
 
@@ -247,9 +255,14 @@ _FIELDS = (
     "rounds",
     "codec",
     "seed",
+    "augmentation",
 )
+#: The fields of version 2.
+_FIELDS_2 = tuple(name for name in _FIELDS if name != "augmentation")
 #: The fields of version 1.
-_FIELDS_1 = tuple(name for name in _FIELDS if name != "model_args")
+_FIELDS_1 = tuple(name for name in _FIELDS_2 if name != "model_args")
+#: The fields each version read takes.
+_KNOWN = {1: _FIELDS_1, 2: _FIELDS_2, FORMAT: _FIELDS}
 _REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
 #: The integer fields and their least value.
 _AT_LEAST = {
@@ -293,6 +306,8 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
             value = tuple(value) if ok else value
         elif name in ("mode_options", "model_args"):
             ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+        elif name == "augmentation":
+            ok = isinstance(value, list | tuple)  # its items: _check_augmentation
         else:  # the optimizers
             try:
                 value = OptimizerConfig.from_json(value)
@@ -360,6 +375,7 @@ def _check(
             # The options may change the mode's cuts (SplitFed's label placement).
             mode = mode.with_options(normal["mode_options"])
         _check_cuts(mode, values, problems, normal, present)
+    _check_augmentation(mode, values, problems, normal, present)
     return normal
 
 
@@ -462,3 +478,18 @@ def _check_options(mode: SplitMode, values, problems, normal, present, partial) 
             _add(problems, "mode_options", problem)
         filled[name] = value
     normal["mode_options"] = MappingProxyType(filled)
+
+
+def _check_augmentation(mode: SplitMode | None, values, problems, normal, present) -> None:
+    """The transforms: known, their parameters in range, fit for the images' shape; none
+    in a mode whose parties hold different features of a record."""
+    if not present("augmentation"):
+        return
+    shape = values.get("input_shape") if present("input_shape") else None
+    augmentation, reasons = augmentation_problems(values["augmentation"], input_shape=shape)
+    for reason in reasons:
+        _add(problems, "augmentation", reason)
+    if augmentation and mode is not None and mode.feature_sets:
+        _add(problems, "augmentation", VERTICAL_AUGMENTATION)
+    if not reasons:
+        normal["augmentation"] = augmentation

@@ -1,4 +1,5 @@
-"""The one sequence of batches a job trains on, whether split or not."""
+"""The one sequence of batches a job trains on, whether split or not (augmented, when
+the job names transforms, with draws seeded per step: :mod:`medsplit.training.augment`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from medsplit.data import DataSplit, iter_batches
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.roles import StepIds
+from medsplit.training.augment import augment_batch, step_seed
 from medsplit.training.config import TrainingConfig
 
 
@@ -29,9 +31,20 @@ def hospital_seed(seed: int, hospital: int) -> int:
 
 
 def turn_batches(
-    config: TrainingConfig, split: DataSplit, *, round_: int, hospital: int
+    config: TrainingConfig,
+    split: DataSplit,
+    *,
+    round_: int,
+    hospital: int,
+    first_step: int = 0,
 ) -> Iterator[Batch]:
-    """The batches of one hospital's turn in one round, step numbers from 0."""
+    """The batches of one hospital's turn in one round, step numbers from 0.
+
+    Each batch is augmented with the job's transforms (``config.augmentation``), seeded
+    from ``(config.seed, round_, hospital, step)`` only, so a step's batch is the same
+    however the turn got there. ``first_step``: start at that step (a resumed turn),
+    skipping the earlier ones without augmenting them.
+    """
     step = 0
     for local_epoch in range(config.local_epochs):
         epoch = round_ * config.local_epochs + local_epoch
@@ -44,7 +57,11 @@ def turn_batches(
         ):
             if config.max_steps_per_turn is not None and step >= config.max_steps_per_turn:
                 return
-            yield Batch(StepIds(config.job, round_, hospital, step), hospital, x, y)
+            if step >= first_step:
+                if config.augmentation:
+                    seed = step_seed(config.seed, round_, hospital, step)
+                    x, y = augment_batch(config.augmentation, x, y, seed=seed)
+                yield Batch(StepIds(config.job, round_, hospital, step), hospital, x, y)
             step += 1
 
 

@@ -394,13 +394,18 @@ class TurnClient:
             )
         self._in_step = False
         self.position = step
+        first = min(step, self.train_steps)
         if self._batches_of is not None:
-            batches = self._batches_of(self.ids.round)
+            self._batches = itertools.islice(self._batches_of(self.ids.round), first, None)
         else:
-            batches = turn_batches(
-                self.config, self.train, round_=self.ids.round, hospital=self.ids.position
+            # From step `first` on: the steps before it are not built (nor augmented) again.
+            self._batches = turn_batches(
+                self.config,
+                self.train,
+                round_=self.ids.round,
+                hospital=self.ids.position,
+                first_step=first,
             )
-        self._batches = itertools.islice(batches, min(step, self.train_steps), None)
 
     # -- steps --------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from medsplit.models import is_factory_name, model_modules
 from medsplit.models.registry import get_model_spec, model_names
 from medsplit.modes import MODES
 from medsplit.protocol.optim import describe_optimizers
+from medsplit.training.augment import describe_augmentations
 from medsplit.training.schedule import turn_length
 from medsplit.wire.codecs import describe_codecs
 from training.apps import MODEL_MODULES_SETTING
@@ -419,6 +420,13 @@ def registry_optimizers(*, actor: Actor) -> dict[str, Any]:
     defaults, for the job form."""
     _require_reader(actor)
     return describe_optimizers()
+
+
+def registry_augmentations(*, actor: Actor) -> list[dict[str, Any]]:
+    """The random transforms a job's augmentation can name, with their parameters'
+    defaults, for the job form."""
+    _require_reader(actor)
+    return describe_augmentations()
 
 
 def registry_model_cuts(

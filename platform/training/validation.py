@@ -192,6 +192,14 @@ class JobInput(serializers.Serializer):
     seed = serializers.IntegerField(
         min_value=0, max_value=MAX_SEED, required=False, default=_DEFAULT["seed"]
     )
+    augmentation = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        default=list,
+        help_text="MONAI random transforms on every training batch, drawn per step from the "
+        'seed: a list of {"name": NAME, PARAM: VALUE} (see GET /api/augmentations/); '
+        "parameters left out take their defaults; none by default",
+    )
     on_failure = serializers.ChoiceField(
         choices=OnFailure.choices, required=False, default=OnFailure.RETRY
     )
@@ -250,6 +258,7 @@ _DESCRIBED = (
     "rounds",
     "codec",
     "seed",
+    "augmentation",
 )
 
 

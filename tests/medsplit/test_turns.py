@@ -43,6 +43,7 @@ from tests.redis_server import session_keys
 
 ADAM = OptimizerConfig(name="adam", lr=1e-3)
 SGD = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9)
+AUGMENT = ({"name": "flip"}, {"name": "rotate", "degrees": 20}, {"name": "shift_intensity"})
 
 
 def mlp() -> nn.Module:
@@ -229,9 +230,11 @@ def test_metrics_frames_are_checked() -> None:
         control.metric_values(control.metrics(ids, 3, {"Bad Name": 1.0}))
 
 
-def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> None:
+@pytest.mark.parametrize("augmentation", [(), AUGMENT], ids=["plain", "augmented"])
+def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly(augmentation) -> None:
     """SIGTERM at the agent: the step in flight is finished, a snapshot kept, and the
-    next run says hello and continues from there; training stays exact."""
+    next run says hello and continues from there; training stays exact (augmented too:
+    the resumed run draws each step's transforms again from the step's own seed)."""
     import copy
 
     from medsplit.protocol.handoff import export_parties
@@ -239,7 +242,8 @@ def test_a_hospital_asked_to_stop_finishes_its_step_and_comes_back_exactly() -> 
     from medsplit.turns import ClientOutcome, MemorySnapshots, TurnClient
     from tests.medsplit.turn_harness import ScriptedHooks
 
-    model, (data,), config = mlp(), shares(48, 1), config_for("vanilla", rounds=1)
+    model, (data,) = mlp(), shares(48, 1)
+    config = config_for("vanilla", rounds=1, augmentation=augmentation)
     channel = InMemoryChannel()
     split = split_model(model, data.images[:2], config.cuts)
     ids = TurnIds(config.job, 0, 0, "vanilla")

@@ -86,6 +86,7 @@ _OPTION_FIELDS = {
     "int | None": lambda: serializers.IntegerField(allow_null=True),
     "tuple[int, ...]": lambda: serializers.ListField(child=serializers.IntegerField()),
     "tuple[str, ...]": lambda: serializers.ListField(child=serializers.CharField()),
+    "Augmentation": lambda: serializers.ListField(child=serializers.DictField()),
 }
 
 
@@ -669,6 +670,15 @@ class CodecSerializer(serializers.Serializer):
         help_text="every tensor crosses bit for bit: only then does training stay exact"
     )
     summary = serializers.CharField()
+
+
+class AugmentationSerializer(serializers.Serializer):
+    """A transform a job's augmentation can name
+    (medsplit.training.augment.describe_augmentations)."""
+
+    name = serializers.CharField(help_text="what an augmentation item's name takes")
+    description = serializers.CharField()
+    params = serializers.DictField(help_text="each parameter it takes, with its default")
 
 
 class OptimizerOptionSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ urlpatterns = [
     path("modes/", views.ModeListView.as_view(), name="mode-list"),
     path("codecs/", views.CodecListView.as_view(), name="codec-list"),
     path("optimizers/", views.OptimizerListView.as_view(), name="optimizer-list"),
+    path("augmentations/", views.AugmentationListView.as_view(), name="augmentation-list"),
     path("models/", views.ModelListView.as_view(), name="model-list"),
     path("model-modules/", views.ModelModulesView.as_view(), name="model-modules"),
     path("models/<str:name>/cuts/", views.ModelCutsView.as_view(), name="model-cuts"),

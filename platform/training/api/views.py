@@ -30,6 +30,7 @@ from training.api.serializers import (
     AggregationSerializer,
     AlignmentStateSerializer,
     AssignmentSerializer,
+    AugmentationSerializer,
     CodecSerializer,
     CutTableSerializer,
     HandoffSerializer,
@@ -126,6 +127,16 @@ class OptimizerListView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(selectors.registry_optimizers(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class AugmentationListView(APIView):
+    @extend_schema(
+        summary="The random transforms a job's augmentation can name",
+        responses=AugmentationSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_augmentations(actor=_actor(request)))
 
 
 @extend_schema(tags=["models"])
