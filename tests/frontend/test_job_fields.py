@@ -16,6 +16,7 @@ from tests.frontend.conftest import screenshot, sign_in
 from tests.platform_apps.conftest import agent_actor
 from training import services
 from training.leakage import leakage_report
+from training.models import Job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -156,3 +157,60 @@ def test_the_form_gives_a_passive_party_a_model_of_its_own(
     expect(page.get_by_test_id(f"party-model-{second.slug}")).to_have_count(0)
     expect(page.get_by_test_id(f"party-model-{label_party.slug}")).not_to_be_checked()
     assert "party_models" not in _posted_job(page)
+
+
+def test_the_form_sends_the_augmentation_in_order_and_shows_its_refusal_beside_it(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    form = _new_job_form(page)
+    page.get_by_test_id(f"participant-{three_hospitals[0].slug}").check()
+    expect(page.get_by_test_id("cut-pool1")).to_be_checked(timeout=30_000)
+    box = form.locator("[data-field=augmentation]")
+    expect(box).to_contain_text("None: the images are used as they are")
+    # The transforms as GET /api/augmentations/ lists them, each with its parameters.
+    box.get_by_label("Transform to add").select_option("flip")
+    expect(box).to_contain_text("mirror the image")
+    page.get_by_test_id("add-transform").click()
+    box.get_by_label("Transform to add").select_option("rotate")
+    page.get_by_test_id("add-transform").click()
+    box.get_by_label("Transform to add").select_option("shift_intensity")
+    page.get_by_test_id("add-transform").click()
+    flip = page.get_by_test_id("transform-0")
+    expect(flip.get_by_label("axis")).to_have_value("1")  # its default
+    flip.get_by_label("axis").fill("7")
+    page.get_by_test_id("transform-2").get_by_label("offset").fill("0.2")
+    page.get_by_role("button", name="Remove rotate").click()
+    # The coordinator's refusal of an axis the images do not have, beside the field.
+    page.get_by_test_id("create-job").click()
+    expect(box.locator("#augmentation-error")).to_contain_text("axis")
+    flip.get_by_label("axis").fill("0")
+    page.get_by_test_id("create-job").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
+    assert job.description["augmentation"] == [
+        {"name": "flip", "prob": 0.5, "axis": 0},
+        {"name": "shift_intensity", "prob": 0.5, "offset": 0.2},
+    ]
+    expect(page.locator("tr", has_text="Augmentation")).to_contain_text(
+        "flip (prob 0.5, axis 0), then shift_intensity (prob 0.5, offset 0.2)"
+    )
+
+
+def test_a_coordinator_without_tasks_or_augmentations_is_not_asked_for_them(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    page = open_page()
+    # An older coordinator, which has neither list (its own 404 body).
+    missing = json.dumps({"code": "not_found", "message": "Not found.", "details": {}})
+    for path in ("**/api/tasks/", "**/api/augmentations/"):
+        page.route(path, lambda route: route.fulfill(status=404, body=missing))
+    sign_in(page, consortium_admin.username)
+    form = _new_job_form(page)
+    page.get_by_test_id(f"participant-{three_hospitals[0].slug}").check()
+    expect(page.get_by_test_id("cut-pool1")).to_be_checked(timeout=30_000)
+    expect(page.get_by_test_id("task-fields")).to_be_hidden()
+    expect(form.locator("[data-field=augmentation]")).to_be_hidden()
+    body = _posted_job(page)
+    assert not {"task", "loss", "augmentation"} & set(body)

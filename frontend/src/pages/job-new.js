@@ -494,7 +494,7 @@ export async function render(root) {
     el(
       "div",
       { class: "row" },
-      el("div", {}, field("Transform", augmentAdd), augmentHelp),
+      el("div", {}, field("Transform to add", augmentAdd), augmentHelp),
       el(
         "div",
         { class: "actions" },
