@@ -13,6 +13,8 @@ Example ``agent.toml``::
     path = "/data/chest-xrays"
     labels_csv = "labels.csv"         # folder: columns file,label
     val_fraction = 0.2
+    # task = "segmentation"           # a mask per image: images/ and masks/ of one name,
+    # masks_csv = "masks.csv"         # or a CSV of columns image,mask
 
 :data:`KEYS` is the one list of keys. Each key ``name`` (``data.<name>`` for the
 ``[data]`` table) is also the environment variable ``MEDSPLIT_AGENT_<NAME>``
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hospital_agent.data import DEFAULT_VAL_FRACTION, DataSource
-from hospital_agent.data.sources import DEFAULT_ID_COLUMN, KINDS
+from hospital_agent.data.sources import DATA_TASKS, DEFAULT_ID_COLUMN, KINDS
 from medsplit.errors import ConfigError
 from medsplit.models.factory import model_module_names
 
@@ -179,6 +181,10 @@ KEYS: tuple[Key, ...] = (
         metavar="MODULE,..."),
     Key("data.kind", str, None, "where the images (or, vertical jobs only, a table) come from",
         choices=KINDS, required=True),
+    Key("data.task", str, "classification",
+        "classification: a label per image; segmentation: a mask per image (folder: "
+        "images/ and masks/ of one file name, or masks_csv; synthetic: generated masks)",
+        choices=DATA_TASKS),
     Key("data.path", str, None,
         "medmnist: the .npz archive; folder: the folder of images; table: the CSV file",
         metavar="PATH"),
@@ -187,8 +193,12 @@ KEYS: tuple[Key, ...] = (
     Key("data.labels_csv", str, None,
         "folder: the CSV of labels (file,label), relative to the folder; labels.csv there "
         "when unset", metavar="PATH"),
+    Key("data.masks_csv", str, None,
+        "folder, segmentation: a CSV of pairs (image,mask), relative to the folder; "
+        "images/ and masks/ pair by file name when unset", metavar="PATH"),
     Key("data.samples", int, 0, "synthetic: how many images (needed, at least 1)"),
-    Key("data.num_classes", int, 2, "synthetic: how many classes"),
+    Key("data.num_classes", int, 2,
+        "synthetic: how many classes (segmentation: the background counts as one)"),
     Key("data.shape", tuple, (1, 28, 28), "synthetic: the images' shape, C,H,W or C,D,H,W",
         metavar="C,H,W"),
     Key("data.identifiers_csv", str, None,

@@ -51,7 +51,14 @@ from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
-from medsplit.errors import ChannelError, ConfigError, MedSplitError, SealError, UnknownModelError
+from medsplit.errors import (
+    ChannelError,
+    ConfigError,
+    DataError,
+    MedSplitError,
+    SealError,
+    UnknownModelError,
+)
 from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
 from medsplit.protocol.checks import FrameRejected
@@ -64,6 +71,7 @@ from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
 from medsplit.training.setup import JobModel, cached_split, client_parties
+from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, check_targets
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 
@@ -231,7 +239,7 @@ class TurnTaker:
             split, start, data = None, vertical.start, LocalData(vertical.data, empty)
         else:
             try:
-                data = self.data_for(model)
+                data = self.data_for(model, task=config.task)
             except DataProblem as e:
                 logger.error("job %s: local data cannot be used: %s", job, e)
                 self.on_data_problem(str(e))
@@ -281,7 +289,11 @@ class TurnTaker:
             stop=self.stopping,
             device=self.config.device,
             limits=turn_limits(
-                config, num_classes=model.num_classes, train=len(data.train), val=len(data.val)
+                config,
+                num_classes=model.num_classes,
+                train=len(data.train),
+                val=len(data.val),
+                label_shape=assignment.description().label_shape,
             ),
             role=vertical.role if vertical else None,
             batches=vertical.batches if vertical else None,
@@ -496,10 +508,24 @@ class TurnTaker:
                 )
             return report.outcome
 
-    def data_for(self, model: JobModel) -> LocalData:
-        """The local data fitted to the job's input shape (read once per shape)."""
-        shape = (model.input_shape, model.num_classes)
+    def data_for(self, model: JobModel, *, task: str = DEFAULT_TASK) -> LocalData:
+        """The local data fitted to the job's input shape (read once per shape), its
+        targets checked against the job's task: a mask per image of a segmentation job.
+
+        Raises:
+            DataProblem: the data does not fit the job (see :func:`load_local`), or holds
+                the targets of another task (labels for a segmentation job, say).
+        """
+        shape = (model.input_shape, model.num_classes, task)
         if shape not in self._data:
+            held = self.config.data.task
+            if held != task:
+                raise DataProblem.one(
+                    None,
+                    f"the job is a {task} job but this hospital's data is a {held} set "
+                    f"(data.task = {held}): a {task} job needs "
+                    + ("a mask per image" if task == SEGMENTATION else "a label per image"),
+                )
             data, summary = load_local(
                 self.config.data,
                 input_shape=model.input_shape,
@@ -514,9 +540,19 @@ class TurnTaker:
                     "x".join(map(str, summary.image_shape)),
                     "x".join(map(str, model.input_shape)),
                 )
-            self._data[shape] = prepare(
-                data, input_shape=model.input_shape, num_classes=model.num_classes
-            )
+            prepared = prepare(data, input_shape=model.input_shape, num_classes=model.num_classes)
+            for part, split in (("train", prepared.train), ("val", prepared.val)):
+                try:
+                    check_targets(
+                        split.labels,
+                        task=task,
+                        num_classes=model.num_classes,
+                        input_shape=tuple(model.input_shape),
+                        where=f"the local {part} split",
+                    )
+                except DataError as e:
+                    raise DataProblem.one(None, str(e)) from e
+            self._data[shape] = prepared
         return self._data[shape]
 
     # -- keys ---------------------------------------------------------------------------

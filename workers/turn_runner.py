@@ -107,8 +107,14 @@ def reported_limits(job: Job, config: TrainingConfig, hospital: Hospital) -> Fra
             "start its agent so that it reports them with a heartbeat"
         )
     train, val = counts
-    classes = job.job_description().num_classes
-    return turn_limits(config, num_classes=classes, train=train, val=val)
+    description = job.job_description()
+    return turn_limits(
+        config,
+        num_classes=description.num_classes,
+        train=train,
+        val=val,
+        label_shape=description.label_shape,
+    )
 
 
 def run(turn_id: int, *, runner: str) -> RunResult:

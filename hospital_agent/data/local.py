@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from hospital_agent.data.masks import mask_classes
 from hospital_agent.data.sources import DataSource, read_source
 from medsplit.data import DataSplit, label_counts
 from medsplit.errors import ConfigError
@@ -34,17 +35,33 @@ class DataSummary:
 
     Attributes:
         image_shape: one image's shape as loaded (before resizing), channels first.
-        label_counts: items per label over train and val, e.g. ``{"0": 120, "1": 300}``.
+        label_counts: items per label over train and val, e.g. ``{"0": 120, "1": 300}``
+            (empty for a segmentation set: its masks are counted instead).
         split_sizes: ``{"train": n, "val": m}``.
+        task: ``"classification"`` or ``"segmentation"`` (a mask per image).
+        masks: segmentation: how many masks (one per image).
+        mask_classes: segmentation: in how many masks each class appears, e.g.
+            ``{"0": 40, "1": 37}`` (the classes present).
     """
 
     image_shape: list[int]
     label_counts: dict[str, int]
     split_sizes: dict[str, int]
+    task: str = "classification"
+    masks: int = 0
+    mask_classes: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The heartbeat's ``dataset_summary`` (plain lists, dicts and ints)."""
-        return asdict(self)
+        """The heartbeat's ``dataset_summary`` (plain lists, dicts and ints): a
+        classification set's as before tasks existed; a segmentation set's names its
+        task and counts its masks instead of labels."""
+        body = asdict(self)
+        if self.task == "segmentation":
+            del body["label_counts"]
+        else:
+            for name in ("task", "masks", "mask_classes"):
+                del body[name]
+        return body
 
 
 def split_local(
@@ -54,7 +71,8 @@ def split_local(
 
     Each label's items are shuffled with a generator seeded by ``seed`` (the global RNG
     is unused) and ``round(count * val_fraction)`` of them go to validation, but at least
-    one item of each label stays in train. Both parts keep the pool's order.
+    one item of each label stays in train. Both parts keep the pool's order. A
+    segmentation set (masks, not labels) is split as one group: its items are the group.
 
     Raises:
         ConfigError: ``val_fraction`` is not in [0, 1) or ``seed`` is not an integer >= 0.
@@ -69,8 +87,11 @@ def split_local(
         raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
     generator = torch.Generator().manual_seed(seed)
     in_val = torch.zeros(len(split), dtype=torch.bool)
-    for label in sorted(label_counts(split)):
-        members = torch.nonzero(split.labels == label).flatten()
+    if split.has_masks:  # masks: no label to stratify by
+        groups = [torch.arange(len(split))]
+    else:
+        groups = [torch.nonzero(split.labels == label).flatten() for label in label_counts(split)]
+    for members in groups:
         take = min(math.floor(len(members) * val_fraction + 0.5), len(members) - 1)
         if take > 0:
             chosen = members[torch.randperm(len(members), generator=generator)[:take]]
@@ -95,10 +116,20 @@ def summary(data: LocalData, *, image_shape: Sequence[int] | None = None) -> Dat
         torch.cat([data.train.images, data.val.images]),
         torch.cat([data.train.labels, data.val.labels]),
     )
+    sizes = {"train": len(data.train), "val": len(data.val)}
+    if pool.has_masks:
+        return DataSummary(
+            image_shape=[int(s) for s in shape],
+            label_counts={},
+            split_sizes=sizes,
+            task="segmentation",
+            masks=len(pool),
+            mask_classes={str(k): v for k, v in mask_classes(pool.labels).items()},
+        )
     return DataSummary(
         image_shape=[int(s) for s in shape],
         label_counts={str(k): v for k, v in label_counts(pool).items()},
-        split_sizes={"train": len(data.train), "val": len(data.val)},
+        split_sizes=sizes,
     )
 
 

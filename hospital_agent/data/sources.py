@@ -24,10 +24,19 @@ from monai.data import ImageReader, NibabelReader, PILReader, PydicomReader
 from monai.transforms import LoadImage, Resize, ScaleIntensity
 
 from hospital_agent.data.problems import DataProblem, Problems
-from medsplit.data import DataSplit, load_medmnist, synthetic_split
+from medsplit.data import (
+    DataSplit,
+    load_medmnist,
+    synthetic_segmentation_split,
+    synthetic_split,
+)
 from medsplit.errors import ConfigError, DataError
 
 KINDS = ("medmnist", "folder", "synthetic", "table")
+#: What a hospital's data is for: labels per image, or a mask per image.
+DATA_TASKS = ("classification", "segmentation")
+#: The kinds that hold masks (a folder of images and masks, or synthetic ones).
+SEGMENTATION_KINDS = ("folder", "synthetic")
 #: Kinds only vertical jobs read (:mod:`hospital_agent.data.vertical`).
 VERTICAL_ONLY = ("table",)
 DEFAULT_ID_COLUMN = "id"
@@ -50,9 +59,10 @@ class DataSource:
             CSV of identifiers and numeric features.
         split: medmnist only: which split of the archive is the hospital's pool
             (``"train"``, ``"val"`` or ``"test"``).
-        labels_csv: folder only: the CSV of labels, header ``file,label``, one row per
-            image (its name relative to the folder, an integer label). Relative paths are
-            taken inside the folder; defaults to ``labels.csv`` there.
+        labels_csv: folder, classification only: the CSV of labels, header
+            ``file,label``, one row per image (its name relative to the folder, an integer
+            label). Relative paths are taken inside the folder; defaults to
+            ``labels.csv`` there.
         samples, num_classes, shape, seed: synthetic only, as
             :func:`medsplit.data.synthetic_split` (``shape`` is ``(C, H, W)`` or
             ``(C, D, H, W)``).
@@ -61,6 +71,13 @@ class DataSource:
         id_column, feature_columns, label_column: table only: the identifier column, the
             feature columns (comma separated; every other column when unset) and the
             optional integer label column.
+        task: ``"classification"`` (a label per image) or ``"segmentation"`` (a mask per
+            image: a folder's ``images/`` and ``masks/``, or ``masks_csv``; synthetic:
+            MONAI's generated images with masks, ``num_classes`` classes with the
+            background; see :mod:`hospital_agent.data.masks`).
+        masks_csv: folder, segmentation only (others ignore it): the CSV of pairs, header
+            ``image,mask`` (names relative to the folder); unset: ``images/`` and
+            ``masks/`` pair by name.
 
     Raises:
         ConfigError: an unknown kind, or a field the kind needs is missing or invalid.
@@ -78,16 +95,36 @@ class DataSource:
     id_column: str = DEFAULT_ID_COLUMN
     feature_columns: str | None = None
     label_column: str | None = None
+    task: Literal["classification", "segmentation"] = "classification"
+    masks_csv: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.task not in DATA_TASKS:
+            raise ConfigError(f"task must be one of {', '.join(DATA_TASKS)}, got {self.task!r}")
+        if self.task == "segmentation" and self.kind not in SEGMENTATION_KINDS:
+            raise ConfigError(
+                f"a {self.kind} source holds no masks; a segmentation set is a folder "
+                f"(images/ and masks/, or masks_csv) or synthetic"
+            )
         if self.kind in ("medmnist", "folder", "table") and not self.path:
             raise ConfigError(f"a {self.kind} source needs a path")
         if self.kind == "synthetic" and (
             not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 1
         ):
             raise ConfigError(f"a synthetic source needs samples >= 1, got {self.samples!r}")
+
+    @property
+    def segmentation(self) -> bool:
+        """It holds a mask per image."""
+        return self.task == "segmentation"
+
+    def masks_path(self) -> Path | None:
+        """Segmentation folders: the CSV of pairs, or ``None`` (``images/``, ``masks/``)."""
+        if self.masks_csv is None or self.path is None:
+            return None
+        return Path(self.path) / self.masks_csv
 
     def labels_path(self) -> Path:
         """Folder sources: where the labels CSV is."""
@@ -118,10 +155,12 @@ def load_source(
         input_shape: the job's ``(C, H, W[, D])``. Needed only when a folder's images
             differ in size (each is then resized to it as it is read); when given, images
             whose channels or number of dimensions do not fit it are problems.
-        num_classes: when given, labels outside ``0..num_classes-1`` are problems.
+        num_classes: when given, labels (mask classes) outside ``0..num_classes-1`` are
+            problems.
 
     Returns:
-        float32 images ``(N, C, *spatial)`` in [0, 1] and int64 labels ``(N,)``.
+        float32 images ``(N, C, *spatial)`` in [0, 1] and int64 labels ``(N,)`` (a
+        segmentation set: int64 masks ``(N, 1, *spatial)``).
 
     Raises:
         DataProblem: everything found wrong (up to a handful, each naming its file).
@@ -144,6 +183,28 @@ def read_source(
             f"a {source.kind} source holds a vertical party's features; only vertical jobs "
             "read it (hospital_agent.data.vertical)",
         )
+    if source.segmentation:
+        # Imported here: masks builds on this module's readers.
+        from hospital_agent.data.masks import check_mask_classes, read_segmentation_folder
+
+        if source.kind == "folder":
+            split, shape = read_segmentation_folder(
+                Path(source.path or ""),
+                source.masks_path(),
+                labels_csv=source.labels_csv is not None,
+                input_shape=input_shape,
+                num_classes=num_classes,
+            )
+            return Loaded(split, shape)
+        loaded = _read_synthetic(source)
+        problems = Problems()
+        _check_fit(loaded.image_shape, input_shape, None, problems)
+        if num_classes is not None:
+            check_mask_classes(
+                loaded.split.labels, [None] * len(loaded.split), num_classes, problems
+            )
+        problems.raise_if_any()
+        return loaded
     if source.kind == "medmnist":
         loaded = _read_medmnist(source)
     elif source.kind == "synthetic":
@@ -230,6 +291,14 @@ def _read_medmnist(source: DataSource) -> Loaded:
 
 def _read_synthetic(source: DataSource) -> Loaded:
     try:
+        if source.segmentation:
+            split = synthetic_segmentation_split(
+                source.samples,
+                shape=tuple(source.shape),
+                num_classes=source.num_classes,
+                seed=source.seed,
+            )
+            return Loaded(split, tuple(split.images.shape[1:]))
         split = synthetic_split(
             source.samples,
             shape=tuple(source.shape),
@@ -304,7 +373,10 @@ def _read_labels(source: DataSource, problems: Problems) -> list[tuple[int, str,
     csv_path = source.labels_path()
     csv_name = os.fspath(csv_path)
     if not csv_path.is_file():
-        problems.add(csv_name, "no such labels file" if not csv_path.exists() else "not a file")
+        reason = "no such labels file" if not csv_path.exists() else "not a file"
+        if source.masks_csv:  # masks_csv is read by segmentation sets only
+            reason += " (masks_csv is set: for a segmentation set, set task = segmentation)"
+        problems.add(csv_name, reason)
         return []
     rows: list[tuple[int, str, int]] = []
     seen: dict[str, int] = {}

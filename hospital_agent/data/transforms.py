@@ -63,7 +63,9 @@ class AugmentConfig:
 
 def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) -> LocalData:
     """Fit both parts to the job: resize each image to ``input_shape`` and scale its
-    intensities to [0, 1] (MONAI ``Resize`` then ``ScaleIntensity``, per image).
+    intensities to [0, 1] (MONAI ``Resize`` then ``ScaleIntensity``, per image). Masks
+    (a segmentation set) are resized with their images, nearest-neighbour, keeping
+    their classes.
 
     Args:
         data: the local split, as loaded.
@@ -100,9 +102,10 @@ def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) 
             ScaleIntensity(minv=0.0, maxv=1.0),
         ]
     )
+    masks = Resize(spatial, mode="nearest") if data.train.has_masks else None
     return LocalData(
-        train=_apply(data.train, transform, empty_shape=tuple(input_shape)),
-        val=_apply(data.val, transform, empty_shape=tuple(input_shape)),
+        train=_apply(data.train, transform, empty_shape=tuple(input_shape), masks=masks),
+        val=_apply(data.val, transform, empty_shape=tuple(input_shape), masks=masks),
     )
 
 
@@ -121,6 +124,12 @@ def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit
         raise ConfigError(f"epoch must be an integer >= 0, got {epoch!r}")
     if not config.enabled or len(split) == 0:
         return split
+    if split.has_masks:
+        # These draws move images only; a mask would no longer fit its image.
+        raise ConfigError(
+            "AugmentConfig transforms images alone; a segmentation set's masks must move "
+            "with them (the job's augmentation does)"
+        )
     spatial_dims = split.images.dim() - 2
     steps = []
     if config.flip_prob > 0:
@@ -137,14 +146,27 @@ def augment(split: DataSplit, config: AugmentConfig, *, epoch: int) -> DataSplit
     return _apply(split, transform)
 
 
-def _apply(split: DataSplit, transform: Compose, *, empty_shape: tuple[int, ...] = ()) -> DataSplit:
+def _apply(
+    split: DataSplit,
+    transform: Compose,
+    *,
+    empty_shape: tuple[int, ...] = (),
+    masks: Resize | None = None,
+) -> DataSplit:
     if len(split) == 0:
         shape = empty_shape or tuple(split.images.shape[1:])
-        return DataSplit(torch.empty((0, *shape), dtype=torch.float32), split.labels.clone())
+        labels = split.labels.clone()
+        if masks is not None:
+            labels = torch.empty((0, 1, *shape[1:]), dtype=torch.int64)
+        return DataSplit(torch.empty((0, *shape), dtype=torch.float32), labels)
     images = torch.stack(
         [torch.as_tensor(transform(image)).to(torch.float32) for image in split.images]
     )
-    return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=split.labels.clone())
+    labels = split.labels.clone()
+    if masks is not None and tuple(labels.shape[2:]) != tuple(images.shape[2:]):
+        resized = [torch.as_tensor(masks(mask.to(torch.float32))) for mask in split.labels]
+        labels = torch.stack(resized).round().to(torch.int64)
+    return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=labels.contiguous())
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:

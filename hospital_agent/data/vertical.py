@@ -144,6 +144,12 @@ def load_vertical(
             f"a {source.kind} source has no identifiers; a vertical party reads "
             f"{', '.join(VERTICAL_KINDS)}",
         )
+    if source.segmentation:
+        raise DataProblem.one(
+            os.fspath(source.path or ""),
+            "a segmentation set (masks) cannot take part in a vertical job, whose parties "
+            "hold features and labels per patient",
+        )
     if source.kind == "table":
         return _read_table(source, num_classes=num_classes)
     if source.kind == "medmnist":

@@ -3,7 +3,7 @@
 from medsplit.data.batches import batch_order, iter_batches
 from medsplit.data.medmnist import load_medmnist
 from medsplit.data.shards import DataSplit, label_counts, shard
-from medsplit.data.synthetic import synthetic_split
+from medsplit.data.synthetic import synthetic_segmentation_split, synthetic_split
 
 __all__ = [
     "DataSplit",
@@ -12,5 +12,6 @@ __all__ = [
     "label_counts",
     "load_medmnist",
     "shard",
+    "synthetic_segmentation_split",
     "synthetic_split",
 ]

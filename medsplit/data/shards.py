@@ -17,7 +17,12 @@ class DataSplit:
     Attributes:
         images: float32, ``(N, C, H, W)`` (or ``(N, C, D, H, W)`` for volumes), values
             in [0, 1] as produced by the loaders in this package.
-        labels: int64, ``(N,)``, class indices.
+        labels: int64 class indices: ``(N,)``, one per image (classification), or masks
+            ``(N, 1, H, W)`` (``(N, 1, D, H, W)``), one per pixel, of the images' spatial
+            shape (segmentation). Masks given as ``(N, H, W)`` are stored with the
+            channel added: ``(N, 1, *spatial)`` is the one form, MONAI's.
+            Whether the values are the job's classes is checked against the job
+            (:func:`medsplit.training.tasks.check_targets`).
 
     Raises:
         DataError: the dtypes or shapes above do not hold, or the lengths differ.
@@ -35,8 +40,15 @@ class DataSplit:
             )
         if not isinstance(self.labels, torch.Tensor) or self.labels.dtype != torch.int64:
             raise DataError(f"labels must be an int64 tensor, got {_describe(self.labels)}")
-        if self.labels.dim() != 1:
-            raise DataError(f"labels must have shape (N,), got {tuple(self.labels.shape)}")
+        spatial = tuple(self.images.shape[2:])
+        if self.labels.dim() == 1 + len(spatial) and tuple(self.labels.shape[1:]) == spatial:
+            object.__setattr__(self, "labels", self.labels.unsqueeze(1))  # the channel
+        if self.labels.dim() != 1 and tuple(self.labels.shape[1:]) != (1, *spatial):
+            side = ", ".join(map(str, spatial))
+            raise DataError(
+                f"labels must have shape (N,) (a class per image) or (N, 1, {side}) (a mask "
+                f"per image, of its spatial shape), got {tuple(self.labels.shape)}"
+            )
         if len(self.images) != len(self.labels):
             raise DataError(
                 f"{len(self.images)} images but {len(self.labels)} labels; they must match"
@@ -44,6 +56,11 @@ class DataSplit:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def has_masks(self) -> bool:
+        """Whether the labels are masks (segmentation) rather than one class per image."""
+        return self.labels.dim() > 1
 
 
 def _describe(value: object) -> str:

@@ -20,6 +20,7 @@ from medsplit.models.factory import build_factory_model, is_factory_name
 from medsplit.models.skip_net import SkipNet
 from medsplit.models.small_cnn import small_cnn
 from medsplit.models.tabular_mlp import tabular_mlp
+from medsplit.models.unet import unet
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class ModelSpec:
             that each of the three segments has parameters.
         build: private builder ``build(*, spatial_dims, in_channels, num_classes)``; call
             :func:`build_model` instead, which validates and seeds.
+        tasks: the tasks (:data:`medsplit.training.tasks.TASKS`) the model's output
+            fits: ``classification`` for ``(N, num_classes)`` logits, ``segmentation``
+            for ``(N, num_classes, *spatial)``.
     """
 
     name: str
@@ -45,6 +49,7 @@ class ModelSpec:
     default_cut: str
     default_cut_pair: tuple[str, str]
     build: Callable[..., nn.Module]
+    tasks: tuple[str, ...] = ("classification",)
 
     def default_cuts(self, count: int) -> tuple[str, ...]:
         """The default cuts for a split into ``count + 1`` segments (a mode picks the
@@ -83,6 +88,10 @@ def _build_small_cnn(*, spatial_dims: int, in_channels: int, num_classes: int) -
 
 def _build_tabular_mlp(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
     return tabular_mlp(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
+
+
+def _build_unet(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
+    return unet(spatial_dims=spatial_dims, in_channels=in_channels, num_classes=num_classes)
 
 
 def _build_skip_net(*, spatial_dims: int, in_channels: int, num_classes: int) -> nn.Module:
@@ -147,6 +156,20 @@ _SPECS: dict[str, ModelSpec] = {
             default_cut="block1",
             default_cut_pair=("block1", "block3"),
             build=_build_tabular_mlp,
+        ),
+        ModelSpec(
+            name="unet",
+            description="MONAI UNet (Ronneberger et al., 2015, 'U-Net: Convolutional "
+            "Networks for Biomedical Image Segmentation'), channels 16-32-64, two "
+            "halvings (sides a multiple of 4); a segmentation model",
+            default_input_shape=(1, 64, 64),
+            # Cut in the encoder's second level: both skip tensors cross (the first
+            # level's and the second's); U-shaped keeps the last layer, and the masks,
+            # at the hospital.
+            default_cut="model.skip.submodule.down",
+            default_cut_pair=("model.skip.submodule.down", "model.skip"),
+            build=_build_unet,
+            tasks=("segmentation",),
         ),
     )
 }

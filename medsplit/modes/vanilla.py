@@ -104,12 +104,14 @@ class VanillaMode(SplitMode):
         limits: FrameLimits,
         device: torch.device | str = "cpu",
     ) -> torch.Tensor:
-        """The server's tail ends in the logits: one floating 2-D tensor, checked."""
+        """The server's tail ends in the logits: one floating tensor, ``(B, classes)``
+        (``(B, classes, *spatial)`` for a segmentation job's masks), checked."""
         logits = frame.tensors.get(LOGITS)
         dtype = logits.dtype if logits is not None and logits.dtype.is_floating_point else None
+        spatial = (None,) * len(limits.label_shape[1:])  # their sizes: check_logits
         spec = FrameSpec(
             kind=FrameKind.EVAL_OUTPUTS,
-            tensors={LOGITS: TensorSpec((None, None), dtype or torch.float32)},
+            tensors={LOGITS: TensorSpec((None, None, *spatial), dtype or torch.float32)},
         )
         conforms(frame, spec)
         check_logits(frame, frame.tensors[LOGITS], samples, limits)
@@ -180,10 +182,12 @@ class VanillaServer(ServerRole):
         tail: the last segment (``SplitModel.tail``) with its optimizer.
         boundary: the tensors crossing the cut.
         job: the job this server serves; frames of other jobs are refused.
-        loss_fn: loss on (logits, labels); cross-entropy by default.
+        loss_fn: loss on (logits, labels); cross-entropy by default (a segmentation
+            job's is :meth:`TrainingConfig.loss_fn`).
         codec: wire codec for what this server sends.
-        limits: what the job allows a frame to hold (batch, classes, steps); without
-            them only the frame's form, its batch and its finiteness are checked.
+        limits: what the job allows a frame to hold (batch, classes, steps, the shape
+            of a label: a class index, or a mask); without them only the frame's form,
+            its batch and its finiteness are checked, and labels are class indices.
         mode: the name of the mode that built the role, written into its frames.
     """
 
@@ -237,5 +241,6 @@ class VanillaServer(ServerRole):
 
     def expect(self) -> FrameSpec:
         specs = boundary_spec(self.boundary)
-        specs[LABELS] = TensorSpec((None,), torch.int64)
+        label_shape = self.limits.label_shape if self.limits is not None else ()
+        specs[LABELS] = TensorSpec((None, *label_shape), torch.int64)
         return FrameSpec(kind=FrameKind.ACTIVATIONS, tensors=specs)

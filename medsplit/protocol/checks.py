@@ -85,6 +85,10 @@ class FrameLimits:
         train_steps: ``T``, the training steps of this turn, when known.
         val_samples: the hospital's validation samples, when known: ``V`` batches of
             at most ``batch_size`` follow training.
+        label_shape: one sample's training target: ``()`` a class index
+            (classification), ``(1, *spatial)`` a mask (segmentation,
+            :func:`medsplit.training.tasks.label_shape`). Labels that travel must have
+            it, and validation logits are ``(B, num_classes, *spatial)``.
     """
 
     batch_size: int
@@ -92,8 +96,14 @@ class FrameLimits:
     num_classes: int | None = None
     train_steps: int | None = None
     val_samples: int | None = None
+    label_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        shape = self.label_shape
+        if not isinstance(shape, tuple) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape
+        ):
+            raise ValueError(f"label_shape must be a tuple of sizes >= 1, got {shape!r}")
         least_of = {"batch_size": 1, "num_classes": 1, "train_steps": 0, "val_samples": 0}
         for name, least in least_of.items():
             value = getattr(self, name)
@@ -205,8 +215,19 @@ def check_finite(frame: Frame, tensors: Mapping[str, torch.Tensor] | None = None
 
 
 def check_labels(frame: Frame, labels: torch.Tensor, limits: FrameLimits | None) -> None:
-    """Labels are class indices of the job: ``0 <= y < num_classes``."""
-    if limits is None or limits.num_classes is None or not labels.numel():
+    """Labels are class indices of the job, ``0 <= y < num_classes``, each of the job's
+    label shape (a class per sample, or a mask of the input's spatial shape)."""
+    if limits is None:
+        return
+    want = limits.label_shape
+    if labels.dtype != torch.int64 or tuple(labels.shape[1:]) != want:
+        form = f"(B, {', '.join(map(str, want))}) masks" if want else "(B,) class indices"
+        raise FrameRejected.of(
+            frame,
+            LABELS,
+            f"labels are {labels.dtype} {tuple(labels.shape)}; the job's are int64 {form}",
+        )
+    if limits.num_classes is None or not labels.numel():
         return
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= limits.num_classes:
@@ -219,14 +240,18 @@ def check_labels(frame: Frame, labels: torch.Tensor, limits: FrameLimits | None)
 
 
 def check_logits(frame: Frame, logits: torch.Tensor, samples: int, limits: FrameLimits) -> None:
-    """Validation logits: one floating row of ``num_classes`` per sample, all finite."""
+    """Validation logits: ``num_classes`` floating values per sample (per pixel of the
+    job's masks, for segmentation), all finite."""
     classes = limits.num_classes
+    spatial = tuple(limits.label_shape[1:])
     if (
         not logits.dtype.is_floating_point
-        or logits.dim() != 2
+        or logits.dim() != 2 + len(spatial)
+        or tuple(logits.shape[2:]) != spatial
         or (classes is not None and logits.shape[1] != classes)
     ):
-        want = f"(B, {classes})" if classes is not None else "(B, classes)"
+        want = f"(B, {classes if classes is not None else 'classes'}"
+        want += "".join(f", {d}" for d in spatial) + ")"
         raise FrameRejected.of(
             frame,
             SHAPE,
@@ -351,7 +376,7 @@ def check_metrics_step(frame: Frame, limits: FrameLimits | None) -> None:
 
 
 def check_metrics(frame: Frame, values: Mapping[str, float], limits: FrameLimits | None) -> None:
-    """Metrics that can be true: losses finite and >= 0, accuracies and AUCs in [0, 1],
+    """Metrics that can be true: losses finite and >= 0, accuracies, AUCs and Dice in [0, 1],
     sample counts whole, >= 0 and no more than the hospital's validation split."""
     for name, value in values.items():
         problem = _impossible(name, value, limits)
@@ -364,7 +389,7 @@ def _impossible(name: str, value: float, limits: FrameLimits | None) -> str:
         return "not a finite number"
     if name.endswith("_loss") and value < 0:
         return "a loss cannot be negative"
-    if name.endswith(("_accuracy", "_auc")) and not 0.0 <= value <= 1.0:
+    if name.endswith(("_accuracy", "_auc", "_dice")) and not 0.0 <= value <= 1.0:
         return "must lie in [0, 1]"
     if name.endswith("_samples"):
         if value < 0 or value != int(value):

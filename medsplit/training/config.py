@@ -11,6 +11,7 @@ from medsplit.errors import ConfigError
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.augment import Augmentation, check_augmentation
+from medsplit.training.tasks import DEFAULT_TASK, LossFn, get_task, loss_name, make_loss
 
 #: Why a job whose parties hold different features of a record cannot augment.
 VERTICAL_AUGMENTATION = (
@@ -44,6 +45,9 @@ class TrainingConfig:
         augmentation: MONAI random transforms applied to every training batch, drawn per
             step from the seed (:mod:`medsplit.training.augment`); normalised, parameters
             filled in; empty: none. Not for a mode whose parties hold different features.
+        task: what the job learns, a name of :data:`medsplit.training.tasks.TASKS`.
+        loss: a loss of the task (:attr:`~medsplit.training.tasks.TaskSpec.losses`);
+            ``""``: the task's default.
     """
 
     cuts: tuple[str, ...]
@@ -60,6 +64,8 @@ class TrainingConfig:
     drop_last: bool = True
     mode_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     augmentation: Augmentation = field(default=(), hash=False)
+    task: str = DEFAULT_TASK
+    loss: str = ""
 
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
@@ -79,6 +85,8 @@ class TrainingConfig:
             raise ConfigError(
                 f"max_steps_per_turn must be >= 1 or None, got {self.max_steps_per_turn}"
             )
+        object.__setattr__(self, "task", get_task(self.task).name)  # ConfigError names them
+        loss_name(self.task, self.loss)  # a loss of another task is a ConfigError
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not self.job or not set(self.job) <= _JOB_ID_CHARS or len(self.job) > 128:
@@ -90,3 +98,7 @@ class TrainingConfig:
     def split_mode(self) -> SplitMode:
         """The job's mode, from the registry, bound to the job's options."""
         return get_mode(self.mode).with_options(self.mode_options)
+
+    def loss_fn(self) -> LossFn:
+        """A fresh loss function of the job's task and loss (:func:`make_loss`)."""
+        return make_loss(self.task, self.loss)

@@ -18,13 +18,15 @@ from types import MappingProxyType
 from typing import Any
 
 from medsplit.errors import ConfigError, UnknownModeError, UnknownModelError
-from medsplit.models import get_model_spec, is_factory_name
+from medsplit.models import get_model_spec, is_factory_name, model_names
 from medsplit.models.factory import canonical_model_args, factory_module
 from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.augment import Augmentation, augmentation_json, augmentation_problems
 from medsplit.training.config import VERTICAL_AUGMENTATION, TrainingConfig
 from medsplit.training.setup import JobModel
+from medsplit.training.tasks import DEFAULT_TASK, TASKS, get_task, loss_name
+from medsplit.training.tasks import label_shape as tasks_label_shape
 from medsplit.wire.codecs import CODECS
 
 #: The version of the JSON form this code writes and reads. A party refuses any other
@@ -33,7 +35,7 @@ from medsplit.wire.codecs import CODECS
 FORMAT = 3
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
 #: 2 without ``model_args`` (none: the registry models of its day take none); 2 is 3
-#: without ``augmentation`` (none).
+#: without the fields :data:`_NEW_IN_3` (each at its default).
 READS = (1, 2, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
@@ -82,6 +84,9 @@ class JobDescription:
         augmentation: MONAI random transforms on every training batch, drawn per step
             from the seed (:mod:`medsplit.training.augment`): a list of
             ``{"name": NAME, PARAM: VALUE}``, parameters filled in; empty: none.
+        task: what the job learns (:data:`medsplit.training.tasks.TASKS`); a
+            segmentation job needs a segmentation model (``ModelSpec.tasks``).
+        loss: one of the task's losses; ``""`` for its default.
         version: the JSON form's version, :data:`FORMAT`.
 
     Raises:
@@ -106,6 +111,8 @@ class JobDescription:
     codec: str = "none"
     seed: int = 0
     augmentation: Augmentation = ()
+    task: str = DEFAULT_TASK
+    loss: str = ""
     version: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -141,6 +148,8 @@ class JobDescription:
             "codec": self.codec,
             "seed": self.seed,
             "augmentation": augmentation_json(self.augmentation),
+            "task": self.task,
+            "loss": self.loss,
         }
 
     @classmethod
@@ -231,7 +240,14 @@ class JobDescription:
             seed=self.seed,
             job=job,
             augmentation=self.augmentation,
+            task=self.task,
+            loss=self.loss,
         )
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """One sample's training target: ``()`` a class index, ``(1, *spatial)`` a mask."""
+        return tasks_label_shape(self.task, self.input_shape)
 
 
 # -- the rules, in one place ---------------------------------------------------------
@@ -256,9 +272,13 @@ _FIELDS = (
     "codec",
     "seed",
     "augmentation",
+    "task",
+    "loss",
 )
+#: The fields version 3 added (version 2 is read with them at their defaults).
+_NEW_IN_3 = ("augmentation", "task", "loss")
 #: The fields of version 2.
-_FIELDS_2 = tuple(name for name in _FIELDS if name != "augmentation")
+_FIELDS_2 = tuple(name for name in _FIELDS if name not in _NEW_IN_3)
 #: The fields of version 1.
 _FIELDS_1 = tuple(name for name in _FIELDS_2 if name != "model_args")
 #: The fields each version read takes.
@@ -292,7 +312,7 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
         if name not in data:
             continue
         value = data[name]
-        if name in ("model", "mode", "codec"):
+        if name in ("model", "mode", "codec", "task", "loss"):
             ok = isinstance(value, str)
         elif name in _AT_LEAST or name == "version":
             ok = _is_int(value)
@@ -358,6 +378,7 @@ def _check(
         except UnknownModelError as e:
             _add(problems, "model", str(e))
     _check_model_args(values, problems, normal, present)
+    _check_task(values, problems, normal, present)
     if present("codec") and values["codec"] not in CODECS:
         _add(
             problems,
@@ -399,6 +420,33 @@ def _check_model_args(values, problems, normal, present) -> None:
         )
         return
     normal["model_args"] = MappingProxyType(json.loads(text))  # a copy no caller holds
+
+
+def _check_task(values, problems, normal, present) -> None:
+    """The task, its loss, and that a registry model does that task (a factory model's
+    output is checked where it is built: :func:`~medsplit.training.tasks.check_model_output`)."""
+    task = values.get("task", DEFAULT_TASK)
+    if "task" in problems:
+        return
+    if not isinstance(task, str) or task not in TASKS:
+        _add(problems, "task", f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+        return
+    if present("loss"):
+        try:
+            loss_name(task, values["loss"])
+        except ConfigError as e:
+            _add(problems, "loss", str(e))
+    model = normal.get("model")
+    if model is not None and not is_factory_name(model):
+        spec = get_model_spec(model)
+        if task not in spec.tasks:
+            fits = ", ".join(m for m in model_names() if task in get_model_spec(m).tasks)
+            _add(
+                problems,
+                "model",
+                f"{model} is a {' / '.join(spec.tasks)} model; a {get_task(task).name} job "
+                f"needs one of: {fits or 'none registered'}",
+            )
 
 
 def _check_shape(values, problems, normal, present) -> None:

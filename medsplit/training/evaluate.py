@@ -1,4 +1,5 @@
-"""Loss and accuracy of a (split) model on held-out data."""
+"""Loss and accuracy (classification) or mean Dice (segmentation) of a (split) model on
+held-out data."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 from monai.metrics import compute_roc_auc
 
 from medsplit.data import DataSplit
-from medsplit.protocol.roles import eval_mode
+from medsplit.protocol.roles import LossFn, eval_mode
+from medsplit.training.tasks import CLASSIFICATION, SEGMENTATION, get_task, make_loss
 
 __all__ = [
     "Evaluation",
@@ -19,24 +21,55 @@ __all__ = [
     "evaluate",
     "majority_baseline",
     "score",
+    "segmentation_metrics",
+    "task_metrics",
 ]
 
 
 @dataclass(frozen=True)
 class Evaluation:
+    """Validation of one split: mean loss over samples, and the task's metric
+    (``accuracy`` for classification; ``dice``, mean Dice, for segmentation, whose
+    ``accuracy`` is then the share of pixels labelled right)."""
+
     loss: float
     accuracy: float
     samples: int
+    dice: float | None = None
+
+    @property
+    def metric(self) -> float:
+        """The task's metric: Dice where there is one, else accuracy."""
+        return self.dice if self.dice is not None else self.accuracy
 
 
 def evaluate(
-    segments: Sequence[torch.nn.Module], data: DataSplit, *, batch_size: int = 256
+    segments: Sequence[torch.nn.Module],
+    data: DataSplit,
+    *,
+    batch_size: int = 256,
+    task: str = CLASSIFICATION,
+    loss_fn: LossFn | None = None,
 ) -> Evaluation:
     """Run the segments one after another over ``data`` in eval mode, without gradients.
 
     Every module's training flag is restored afterwards, so evaluating between training
-    steps changes nothing about training.
+    steps changes nothing about training. A segmentation ``task`` reports the mean of
+    ``loss_fn`` (by default the task's default loss) over batches weighted by their
+    size, and mean Dice (:func:`segmentation_metrics`).
     """
+    if get_task(task).name == SEGMENTATION:
+        outputs = list(_through(segments, data, batch_size))
+        if not outputs:
+            return Evaluation(loss=0.0, accuracy=0.0, samples=0, dice=0.0)
+        logits = torch.cat([out for out, _ in outputs])
+        values = segmentation_metrics(logits, data.labels, loss_fn=loss_fn)
+        return Evaluation(
+            loss=values["val_loss"],
+            accuracy=values["val_pixel_accuracy"],
+            samples=len(data),
+            dice=values["val_dice"],
+        )
     total_loss, correct = 0.0, 0
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
     for out, y in _through(segments, data, batch_size):
@@ -95,6 +128,50 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
         onehot = torch.nn.functional.one_hot(labels, classes)
         values["val_auc"] = float(compute_roc_auc(probabilities, onehot, average="macro"))
     return values
+
+
+def segmentation_metrics(
+    logits: torch.Tensor, masks: torch.Tensor, *, loss_fn: LossFn | None = None
+) -> dict[str, float]:
+    """Loss, mean Dice and pixel accuracy of ``(N, C, *spatial)`` logits against
+    ``(N, 1, *spatial)`` masks.
+
+    Dice is MONAI's ``DiceMetric`` on the one-hot argmax against the one-hot masks,
+    ``include_background=False`` (the background fills most of a medical image and would
+    make any model look good), averaged over samples and the foreground classes; a
+    class absent from both a sample's mask and its prediction counts as 1 there, absent
+    from the mask but predicted as 0 (``ignore_empty=False``), so the mean is always
+    defined. ``loss_fn`` defaults to the segmentation task's default loss.
+    """
+    from monai.metrics import DiceMetric
+
+    n = int(masks.shape[0])
+    if n == 0:
+        return {"val_samples": 0.0}
+    logits = logits.float()
+    classes = int(logits.shape[1])
+    loss_fn = loss_fn or make_loss(SEGMENTATION)
+    predicted = logits.argmax(dim=1, keepdim=True)
+    onehot = torch.nn.functional.one_hot
+    as_onehot = lambda m: onehot(m.squeeze(1), classes).movedim(-1, 1)  # noqa: E731
+    metric = DiceMetric(include_background=False, reduction="mean", ignore_empty=False)
+    dice = metric(as_onehot(predicted), as_onehot(masks))
+    return {
+        "val_loss": float(loss_fn(logits, masks)),
+        "val_dice": float(dice.nanmean()) if dice.numel() else 0.0,
+        "val_pixel_accuracy": float((predicted == masks).float().mean()),
+        "val_samples": float(n),
+    }
+
+
+def task_metrics(
+    task: str, logits: torch.Tensor, labels: torch.Tensor, *, loss_fn: LossFn | None = None
+) -> dict[str, float]:
+    """Validation metrics of ``task``: :func:`classification_metrics` (``val_accuracy``)
+    or :func:`segmentation_metrics` (``val_dice``), as the turns report them."""
+    if get_task(task).name == SEGMENTATION:
+        return segmentation_metrics(logits, labels, loss_fn=loss_fn)
+    return classification_metrics(logits, labels)
 
 
 @dataclass(frozen=True)

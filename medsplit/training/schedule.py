@@ -75,17 +75,24 @@ def turn_length(config: TrainingConfig, samples: int) -> int:
 
 
 def turn_limits(
-    config: TrainingConfig, *, num_classes: int | None, train: int, val: int
+    config: TrainingConfig,
+    *,
+    num_classes: int | None,
+    train: int,
+    val: int,
+    label_shape: tuple[int, ...] = (),
 ) -> FrameLimits:
     """What one hospital's turn may send, from the job and the hospital's split sizes:
     ``T = turn_length(config, train)`` training steps, then ``ceil(val / batch_size)``
-    validation batches."""
+    validation batches; ``label_shape``: one sample's target (``()`` a class, ``(1,
+    *spatial)`` a mask: ``JobDescription.label_shape``)."""
     return FrameLimits(
         batch_size=config.batch_size,
         exact_batch=config.drop_last,
         num_classes=num_classes,
         train_steps=turn_length(config, train),
         val_samples=val,
+        label_shape=tuple(label_shape),
     )
 
 

@@ -30,6 +30,7 @@ from medsplit.training.parallel import (
 )
 from medsplit.training.schedule import turn_batches, turn_limits
 from medsplit.training.setup import client_parties
+from medsplit.training.tasks import DEFAULT_TASK, check_model_output, label_shape
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,14 @@ class SplitJob:
         example_input: a batch-first example input, for cutting.
         config: the training settings; ``config.cuts`` says where to cut.
         channel: the channel frames travel on (a fresh in-memory one by default).
-        loss_fn: loss on (logits, labels); cross-entropy by default.
+        loss_fn: loss on (logits, labels); by default the config's task's
+            (:meth:`TrainingConfig.loss_fn`: cross-entropy for classification).
         num_classes: the classes labels must fall in (by default the width of the
             model's output on ``example_input``).
+
+    Raises:
+        ConfigError: the model's output does not fit the config's task (a segmentation
+            job needs ``(N, classes, *spatial)`` logits).
     """
 
     def __init__(
@@ -102,10 +108,18 @@ class SplitJob:
         self.split: SplitModel = split_model(model, example_input, config.cuts)
         _check_every_segment_trains(self.split)
         self.channel = channel or InMemoryChannel()
-        self.loss_fn = loss_fn
+        self.loss_fn = loss_fn or config.loss_fn()
         self.num_classes = (
             num_classes if num_classes is not None else _output_classes(self.split, example_input)
         )
+        if config.task != DEFAULT_TASK:  # a classifier's output was checked as it always was
+            with eval_mode(list(self.split.segments)), torch.no_grad():
+                out = self.split.forward(example_input)
+            classes = self.num_classes if self.num_classes is not None else -1
+            shape = tuple(example_input.shape[1:])
+            check_model_output(config.task, out, input_shape=shape, num_classes=classes)
+        #: One sample's training target (a class index, or a mask of the input's shape).
+        self.label_shape = label_shape(config.task, tuple(example_input.shape[1:]))
         self.server_party = Party.create(
             self.split.segments[self.mode.server_segment], config.server_optimizer
         )
@@ -127,7 +141,11 @@ class SplitJob:
         if hospital is not None:
             val = len(hospital.val) if hospital.val is not None else 0
             limits = turn_limits(
-                self.config, num_classes=self.num_classes, train=len(hospital.train), val=val
+                self.config,
+                num_classes=self.num_classes,
+                train=len(hospital.train),
+                val=val,
+                label_shape=self.label_shape,
             )
         return self.mode.server_role(
             party or self.server_party,
@@ -192,7 +210,9 @@ class SplitJob:
             segments = self.segments()
             for hospital in hospitals:
                 if hospital.val is not None and len(hospital.val):
-                    report.validation[hospital.name] = evaluate(segments, hospital.val)
+                    report.validation[hospital.name] = evaluate(
+                        segments, hospital.val, task=self.config.task, loss_fn=self.loss_fn
+                    )
             reports.append(report)
             if on_round is not None:
                 on_round(report)

@@ -40,7 +40,7 @@ from medsplit.protocol.handoff import export_parties, import_parties, read_notes
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, StepResult
 from medsplit.training.config import TrainingConfig
-from medsplit.training.evaluate import classification_metrics
+from medsplit.training.evaluate import task_metrics
 from medsplit.training.schedule import Batch, turn_batches, turn_limits
 from medsplit.turns import control
 from medsplit.turns.checkpoints import CheckpointPolicy
@@ -112,13 +112,15 @@ class TurnRecord:
         self.losses = {s: v for s, v in self.losses.items() if s < step}
         self.eval_logits = {s: v for s, v in self.eval_logits.items() if s < step}
 
-    def metrics(self, val: DataSplit | None, eval_steps: int) -> dict[str, float]:
+    def metrics(
+        self, val: DataSplit | None, eval_steps: int, *, task: str = "classification"
+    ) -> dict[str, float]:
         values: dict[str, float] = {}
         if self.losses:
             values["train_loss"] = sum(self.losses.values()) / len(self.losses)
         if val is not None and eval_steps and len(self.eval_logits) == eval_steps:
             logits = torch.cat([self.eval_logits[s] for s in sorted(self.eval_logits)])
-            values.update(classification_metrics(logits, val.labels[: logits.shape[0]]))
+            values.update(task_metrics(task, logits, val.labels[: logits.shape[0]]))
         return values
 
 
@@ -199,7 +201,7 @@ class TurnClient:
         self.val = val
         self.snapshots = snapshots
         self.reply_timeout = reply_timeout
-        self.loss_fn = loss_fn
+        self.loss_fn = loss_fn or config.loss_fn()  # the job's task's by default
         self.on_step = on_step
         self.stop = stop or threading.Event()
         self.device = torch.device(device)
@@ -473,7 +475,7 @@ class TurnClient:
         return self.val.images[index * size : (index + 1) * size]
 
     def _metrics(self) -> dict[str, float]:
-        return self.record.metrics(self.val, self.eval_steps)
+        return self.record.metrics(self.val, self.eval_steps, task=self.config.task)
 
 
 def _losses_of(text: str) -> dict[int, float]:

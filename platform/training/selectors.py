@@ -30,6 +30,7 @@ from medsplit.modes import MODES
 from medsplit.protocol.optim import describe_optimizers
 from medsplit.training.augment import describe_augmentations
 from medsplit.training.schedule import turn_length
+from medsplit.training.tasks import TASKS
 from medsplit.wire.codecs import describe_codecs
 from training.apps import MODEL_MODULES_SETTING
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
@@ -413,6 +414,12 @@ def registry_codecs(*, actor: Actor) -> list[dict[str, Any]]:
     """The wire codecs a job can use (name, whether exact, one line), for the job form."""
     _require_reader(actor)
     return describe_codecs()
+
+
+def registry_tasks(*, actor: Actor) -> list[dict[str, Any]]:
+    """The tasks a job can learn, their losses and validation metric, for the job form."""
+    _require_reader(actor)
+    return [task.to_json() for task in TASKS.values()]
 
 
 def registry_optimizers(*, actor: Actor) -> dict[str, Any]:

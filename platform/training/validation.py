@@ -59,6 +59,7 @@ from medsplit.models.factory import (
 from medsplit.models.registry import build_model, get_model_spec
 from medsplit.modes import MODES, SplitMode
 from medsplit.training.description import FORMAT, MAX_SEED, JobDescription
+from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, TASKS, check_model_output
 from training.apps import MODEL_MODULES_SETTING
 from training.models import OnFailure
 
@@ -139,7 +140,26 @@ class JobInput(serializers.Serializer):
         default=None,
         help_text="default: from the participants' image shape",
     )
-    num_classes = serializers.IntegerField(min_value=2, max_value=10_000)
+    num_classes = serializers.IntegerField(
+        min_value=2,
+        max_value=10_000,
+        help_text="classes of a label (classification) or of a mask's pixels, the "
+        "background with them (segmentation)",
+    )
+    task = serializers.ChoiceField(
+        choices=list(TASKS),
+        required=False,
+        default=DEFAULT_TASK,
+        help_text="what the job learns (see GET /api/tasks/): classification or "
+        "segmentation; every participant's data must hold its targets (labels, masks)",
+    )
+    loss = serializers.CharField(
+        max_length=64,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="one of the task's losses (GET /api/tasks/); empty: the task's default",
+    )
     mode = serializers.CharField(
         max_length=16,
         required=False,
@@ -247,6 +267,8 @@ _DESCRIBED = (
     "model",
     "model_args",
     "num_classes",
+    "task",
+    "loss",
     "mode",
     "mode_options",
     "cuts",
@@ -315,6 +337,7 @@ def job_spec_validate(*, data: Mapping[str, Any]) -> JobSpec:
     participants = _check_participants(values, mode, errors)
     shape = _common_shape(participants, errors) if participants else None
     spatial_dims, in_channels = _check_dims(values, shape, errors)
+    _check_task(values, participants or (), errors)
     _check_labels(values, participants or (), errors)
     described = {name: values[name] for name in _DESCRIBED if name in values}
     if shape is not None:
@@ -498,15 +521,48 @@ def _check_dims(
     return len(shape) - 1, shape[0]
 
 
+def _data_task(hospital: Hospital) -> str:
+    """What a participant's data holds targets for, as its heartbeat said (an agent
+    from before tasks says nothing: classification)."""
+    return str(hospital.dataset_summary.get("task") or DEFAULT_TASK)
+
+
+def _check_task(
+    values: dict[str, Any], participants: list[_Participant] | tuple, errors: _Errors
+) -> None:
+    """Every participant's data holds the job's kind of target: a segmentation job needs
+    masks at every hospital, a classification job labels."""
+    task = values.get("task")
+    if task is None:
+        return
+    for p in participants:
+        held = _data_task(p.hospital)
+        if held == task:
+            continue
+        if task == SEGMENTATION:
+            reason = (
+                f"hospital {p.hospital.slug!r} reports {held} data (a label per image, no "
+                "masks); a segmentation job needs a mask per image at every participant "
+                "(its agent's data.task = segmentation)"
+            )
+        else:
+            reason = (
+                f"hospital {p.hospital.slug!r} reports {held} data (a mask per image, no "
+                f"labels); a {task} job needs a label per image at every participant"
+            )
+        errors.add("participants", reason)
+
+
 def _check_labels(
     values: dict[str, Any], participants: list[_Participant] | tuple, errors: _Errors
 ) -> None:
-    """num_classes must cover every label a participant reported."""
+    """num_classes must cover every label (every mask class) a participant reported."""
     if "num_classes" not in values:
         return
     labels: set[str] = set()
     for p in participants:
-        counts = p.hospital.dataset_summary.get("label_counts") or {}
+        key = "mask_classes" if _data_task(p.hospital) == SEGMENTATION else "label_counts"
+        counts = p.hospital.dataset_summary.get(key) or {}
         if isinstance(counts, Mapping):
             labels.update(str(label) for label in counts)
     needed = len(labels)
@@ -591,9 +647,11 @@ def _check_cuts(
                 f"{model.name} does not fit the participants' data shape {list(shape)}: {problem}",
             )
         return cuts
-    if shape is not None and is_factory_name(model.name):
+    task = values.get("task", DEFAULT_TASK)
+    if shape is not None and (is_factory_name(model.name) or task != DEFAULT_TASK):
         # A registry model is built with num_classes; a factory's arguments decide it.
-        field, problem = _output_problem(model.name, model.args, tuple(shape), num_classes)
+        # Whether it outputs a mask's logits or one sample's is the model's either way.
+        field, problem = _output_problem(model.name, model.args, tuple(shape), num_classes, task)
         if problem is not None:
             errors.add(field, problem)
             return cuts
@@ -716,10 +774,11 @@ def _cut_table_traced(
 
 @lru_cache(maxsize=32)
 def _output_problem(
-    name: str, args: str, shape: tuple[int, ...], num_classes: int
+    name: str, args: str, shape: tuple[int, ...], num_classes: int, task: str = DEFAULT_TASK
 ) -> tuple[str, str | None]:
-    """The field and the reason a factory's model does not end in ``num_classes`` logits
-    per sample at ``shape`` (every frame check and loss takes them so), or no reason."""
+    """The field and the reason a model does not end in ``num_classes`` logits per
+    sample (a segmentation job's: per pixel) at ``shape`` (every frame check and loss
+    takes them so), or no reason."""
     try:
         with _TRACE_LOCK, torch.no_grad():
             model = _model(name, args, len(shape) - 1, shape[0], num_classes)
@@ -733,6 +792,12 @@ def _output_problem(
         return "model", str(e)
     except Exception as e:  # the factory's own forward: its error, told
         return "model", f"{name} does not run on the participants' data shape: {e}"
+    if task != DEFAULT_TASK:
+        try:
+            check_model_output(task, out, input_shape=shape, num_classes=num_classes)
+        except ConfigError as e:
+            return "model", f"{name}: {e}"
+        return "model", None
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return "model", (

@@ -38,6 +38,8 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "data.path": ("/data/sample", "/data/other"),
     "data.split": ("val", "test"),
     "data.labels_csv": ("sample.csv", "other.csv"),
+    "data.task": ("segmentation", "classification"),
+    "data.masks_csv": ("pairs.csv", "other-pairs.csv"),
     "data.samples": (12, 48),
     "data.num_classes": (3, 5),
     "data.shape": ((3, 32, 32), (1, 8, 16, 16)),
@@ -69,6 +71,7 @@ BAD_TEXT: list[tuple[str, str]] = [
     ("deterministic", "sometimes"),
     ("model_modules", "lab.models:net"),
     ("data.kind", "dicom"),
+    ("data.task", "detection"),
     ("data.samples", "many"),
     ("data.samples", "2.5"),
     ("data.num_classes", "two"),
@@ -287,6 +290,10 @@ def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> 
         ({**FLAGS, "device": "tpu"}, "device must be one of cpu, cuda"),
         ({**FLAGS, "data_kind": None}, "data.kind is not set"),
         ({**FLAGS, "data_samples": "many"}, "data.samples must be an integer"),
+        (
+            {**FLAGS, "data_kind": "medmnist", "data_path": "x.npz", "data_task": "segmentation"},
+            "a medmnist source holds no masks; a segmentation set is a folder",
+        ),
     ],
 )
 def test_configuration_errors_name_the_key(flags: dict, message: str) -> None:

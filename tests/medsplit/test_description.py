@@ -83,7 +83,7 @@ def test_the_json_form_round_trips_through_text() -> None:
     back = JobDescription.from_json(json.loads(text))
     assert back == description
     assert back.to_json() == description.to_json()
-    assert back.to_json()["version"] == FORMAT == 2
+    assert back.to_json()["version"] == FORMAT == 3
 
 
 def test_defaults_are_filled_in() -> None:
@@ -110,19 +110,19 @@ def test_it_gives_todays_training_config_and_model() -> None:
     assert description.split_mode is MODES["vanilla"]
 
 
-@pytest.mark.parametrize("version", [0, 3, "1", None, True, 1.0, 2.0])
+@pytest.mark.parametrize("version", [0, 4, "1", None, True, 1.0, 2.0])
 def test_another_version_is_refused_before_anything_else(version) -> None:
     # The fields of another version mean what that version says: none is looked at.
     problems = problems_of(described(version=version, model="alexnet", cuts=[]))
     assert list(problems) == ["version"]
-    if version is True or version in (1, 2):  # 1.0 == 1 == True: only integers are read
-        assert "is not one this party reads (it reads 1, 2)" in problems["version"][0]
+    if version is True or version in (1, 2, 3):  # 1.0 == 1 == True: only integers are read
+        assert "is not one this party reads (it reads 1, 2, 3)" in problems["version"][0]
 
 
 def test_a_missing_version_is_refused() -> None:
     data = described()
     del data["version"]
-    assert problems_of(data) == {"version": ["required: the JSON form's version (2 here)"]}
+    assert problems_of(data) == {"version": ["required: the JSON form's version (3 here)"]}
 
 
 def test_version_1_is_read_as_version_2() -> None:

@@ -17,6 +17,8 @@ from medsplit.models import ModelSpec, build_model, get_model_spec, model_names
 NAMES = ["densenet121", "resnet18", "resnet34", "small_cnn", "skip_net"]
 #: The model for a table of numeric features (a vertical job's tabular party).
 TABULAR = ["tabular_mlp"]
+#: The segmentation model (its output is a map of logits, not a row).
+SEGMENTATION = ["unet"]
 
 
 # --- helpers that read cut facts off a torch.fx graph (independent of medsplit.cutting) ---
@@ -67,8 +69,8 @@ def _param_count(graph: fx.GraphModule, start: int, stop: int) -> int:
 # --- names and specs ---
 
 
-def test_model_names_are_the_documented_six() -> None:
-    assert model_names() == NAMES + TABULAR
+def test_model_names_are_the_documented_seven() -> None:
+    assert model_names() == NAMES + TABULAR + SEGMENTATION
 
 
 def test_the_tabular_model_takes_a_row_of_features_and_cuts_where_one_embedding_crosses() -> None:

@@ -19,6 +19,7 @@ from kernel.api.strict import (
     StrictIntegerField,
     StrictSerializer,
 )
+from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, TASKS
 
 MAX_IMAGE_DIMS = 4  # (C, H, W) or (C, D, H, W)
 MAX_IMAGE_SIDE = 16384
@@ -39,7 +40,9 @@ class SplitSizesSerializer(StrictSerializer):
 
 
 class DatasetSummarySerializer(StrictSerializer):
-    """Sizes only, never data: the image shape, how many samples per label, per split."""
+    """Sizes only, never data: the image shape, how many samples per label (a
+    segmentation set: how many masks, and in how many of them each class appears), per
+    split."""
 
     image_shape = serializers.ListField(
         child=StrictIntegerField(min_value=1, max_value=MAX_IMAGE_SIDE),
@@ -49,19 +52,78 @@ class DatasetSummarySerializer(StrictSerializer):
     )
     label_counts = serializers.DictField(
         child=StrictIntegerField(min_value=0, max_value=MAX_COUNT),
-        help_text=f'samples per label, e.g. {{"0": 120, "1": 300}}; at most {MAX_LABELS} labels',
+        required=False,
+        help_text=f'samples per label, e.g. {{"0": 120, "1": 300}}; at most {MAX_LABELS} '
+        "labels; a classification set's only (needed there)",
     )
     split_sizes = SplitSizesSerializer(help_text='e.g. {"train": 400, "val": 20}')
+    task = serializers.ChoiceField(
+        choices=list(TASKS),
+        required=False,
+        help_text="classification (a label per image; the default) or segmentation (a mask "
+        "per image)",
+    )
+    masks = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_COUNT,
+        required=False,
+        help_text="a segmentation set's: how many masks (one per image)",
+    )
+    mask_classes = serializers.DictField(
+        child=StrictIntegerField(min_value=0, max_value=MAX_COUNT),
+        required=False,
+        help_text="a segmentation set's: in how many masks each class appears, e.g. "
+        f'{{"0": 40, "1": 37}}; at most {MAX_LABELS} classes',
+    )
 
     def validate_label_counts(self, value: dict[str, int]) -> dict[str, int]:
-        if len(value) > MAX_LABELS:
-            raise serializers.ValidationError(f"at most {MAX_LABELS} labels, got {len(value)}")
-        bad = sorted(label for label in value if not LABEL_PATTERN.fullmatch(label))[:5]
+        return _labels(value, "labels")
+
+    def validate_mask_classes(self, value: dict[str, int]) -> dict[str, int]:
+        value = _labels(value, "classes")
+        bad = sorted(label for label in value if not label.isdigit())[:5]
         if bad:
-            raise serializers.ValidationError(
-                f"labels are 1 to 64 letters, digits, '_', '.' or '-': {bad!r}"
-            )
+            raise serializers.ValidationError(f"mask classes are class indices 0, 1, ...: {bad!r}")
         return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Each task counts its own targets, and only those: a summary is one or the other.
+        if attrs.get("task", DEFAULT_TASK) == SEGMENTATION:
+            if "label_counts" in attrs:
+                raise serializers.ValidationError(
+                    {"label_counts": ["a segmentation set counts masks (mask_classes)"]}
+                )
+            for name in ("masks", "mask_classes"):
+                if name not in attrs:
+                    raise serializers.ValidationError({name: ["a segmentation set gives it"]})
+            if any(count > attrs["masks"] for count in attrs["mask_classes"].values()):
+                raise serializers.ValidationError(
+                    {
+                        "mask_classes": [
+                            f"a class cannot appear in more than the {attrs['masks']} masks"
+                        ]
+                    }
+                )
+        else:
+            if "label_counts" not in attrs:
+                raise serializers.ValidationError({"label_counts": ["This field is required."]})
+            for name in ("masks", "mask_classes"):
+                if name in attrs:
+                    raise serializers.ValidationError(
+                        {name: ["only a segmentation set counts masks"]}
+                    )
+        return attrs
+
+
+def _labels(value: dict[str, int], what: str) -> dict[str, int]:
+    if len(value) > MAX_LABELS:
+        raise serializers.ValidationError(f"at most {MAX_LABELS} {what}, got {len(value)}")
+    bad = sorted(label for label in value if not LABEL_PATTERN.fullmatch(label))[:5]
+    if bad:
+        raise serializers.ValidationError(
+            f"{what} are 1 to 64 letters, digits, '_', '.' or '-': {bad!r}"
+        )
+    return value
 
 
 class HeartbeatSerializer(StrictSerializer):

@@ -16,6 +16,7 @@ from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from medsplit.training.description import FORMAT, JobDescription
+from medsplit.training.tasks import DEFAULT_TASK, TASKS, TaskSpec
 from training.alignment import alignment_summary
 from training.leakage import leakage_summary
 from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
@@ -66,6 +67,13 @@ class _ShownInPartToOthers:
         if in_full(_viewer(self), self.row_hospital_id(instance)):
             return data
         return {name: value for name, value in data.items() if name in self.shown_to_others}
+
+
+def job_task(job: Job) -> TaskSpec:
+    """The job's task, as its stored description names it (one from before tasks:
+    classification)."""
+    described = job.description if isinstance(job.description, dict) else {}
+    return TASKS.get(str(described.get("task") or DEFAULT_TASK), TASKS[DEFAULT_TASK])
 
 
 class ParticipantSerializer(_ShownInPartToOthers, serializers.ModelSerializer):
@@ -152,6 +160,13 @@ class JobSerializer(serializers.ModelSerializer):
         "passive party, the records scored and the norm and cosine attacks' ROC AUC against "
         "the labels (0.5 is chance; 1.0 or 0.0 recovers every label)"
     )
+    task = serializers.SerializerMethodField(
+        help_text="what it learns (GET /api/tasks/): classification or segmentation"
+    )
+    metric = serializers.SerializerMethodField(
+        help_text="the validation metric its turns report in their metrics besides "
+        "val_loss: val_accuracy (classification) or val_dice (segmentation: mean Dice)"
+    )
 
     class Meta:
         model = Job
@@ -163,6 +178,8 @@ class JobSerializer(serializers.ModelSerializer):
             "state_changed_at",
             "model",
             "mode",
+            "task",
+            "metric",
             "rounds",
             "description",
             "on_failure",
@@ -189,6 +206,12 @@ class JobSerializer(serializers.ModelSerializer):
         return [
             {k: v for k, v in AggregationSerializer(a).data.items() if k != "counts"} for a in rows
         ]
+
+    def get_task(self, job: Job) -> str:
+        return job_task(job).name
+
+    def get_metric(self, job: Job) -> str:
+        return f"val_{job_task(job).metric}"
 
     @extend_schema_field(AlignmentStateSerializer(allow_null=True))
     def get_alignment(self, job: Job) -> dict | None:
@@ -679,6 +702,21 @@ class AugmentationSerializer(serializers.Serializer):
     name = serializers.CharField(help_text="what an augmentation item's name takes")
     description = serializers.CharField()
     params = serializers.DictField(help_text="each parameter it takes, with its default")
+
+
+class TaskSerializer(serializers.Serializer):
+    """A task a job may have (medsplit.training.tasks.TASKS)."""
+
+    name = serializers.CharField(help_text="what a job's task field takes")
+    description = serializers.CharField()
+    losses = serializers.ListField(
+        child=serializers.CharField(), help_text="what a job's loss field takes with this task"
+    )
+    default_loss = serializers.CharField(help_text="the loss of a job that names none")
+    metric = serializers.CharField(
+        help_text="what validation reports besides the loss, as val_<metric> in a turn's "
+        "metrics: accuracy or dice"
+    )
 
 
 class OptimizerOptionSerializer(serializers.Serializer):

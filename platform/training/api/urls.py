@@ -8,6 +8,7 @@ from training.states import JobState
 urlpatterns = [
     path("modes/", views.ModeListView.as_view(), name="mode-list"),
     path("codecs/", views.CodecListView.as_view(), name="codec-list"),
+    path("tasks/", views.TaskListView.as_view(), name="task-list"),
     path("optimizers/", views.OptimizerListView.as_view(), name="optimizer-list"),
     path("augmentations/", views.AugmentationListView.as_view(), name="augmentation-list"),
     path("models/", views.ModelListView.as_view(), name="model-list"),

@@ -42,6 +42,7 @@ from training.api.serializers import (
     ModeSerializer,
     OptimizersSerializer,
     RegistryModelSerializer,
+    TaskSerializer,
     TransitionInputSerializer,
     TurnSerializer,
 )
@@ -117,6 +118,17 @@ class CodecListView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(selectors.registry_codecs(actor=_actor(request)))
+
+
+@extend_schema(tags=["models"])
+class TaskListView(APIView):
+    @extend_schema(
+        summary="The tasks jobs can learn (classification, segmentation), their losses "
+        "and validation metric",
+        responses=TaskSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_tasks(actor=_actor(request)))
 
 
 @extend_schema(tags=["models"])

@@ -63,4 +63,7 @@ def test_every_route_is_described_with_its_bodies(schema) -> None:
     listed = paths["/api/hospitals/"]["get"]
     assert {p["name"] for p in listed["parameters"]} >= {"status", "online", "page", "page_size"}
     summary = schema["components"]["schemas"]["DatasetSummaryRequest"]
-    assert set(summary["properties"]) == {"image_shape", "label_counts", "split_sizes"}
+    assert set(summary["properties"]) == {
+        *("image_shape", "label_counts", "split_sizes"),
+        *("task", "masks", "mask_classes"),  # a segmentation set's
+    }
