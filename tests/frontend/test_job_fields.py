@@ -214,3 +214,80 @@ def test_a_coordinator_without_tasks_or_augmentations_is_not_asked_for_them(
     expect(form.locator("[data-field=augmentation]")).to_be_hidden()
     body = _posted_job(page)
     assert not {"task", "loss", "augmentation"} & set(body)
+
+
+def _masks_at(hospitals) -> None:
+    """The hospitals report segmentation sets (a mask per image, two classes)."""
+    for hospital in hospitals:
+        hospital.dataset_summary = {
+            "image_shape": [1, 32, 32],
+            "split_sizes": {"train": 16, "val": 4},
+            "task": "segmentation",
+            "masks": 20,
+            "mask_classes": {"0": 20, "1": 19},
+        }
+        hospital.save(update_fields=["dataset_summary"])
+
+
+def test_the_form_offers_the_tasks_and_each_ones_losses(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    _masks_at(three_hospitals)
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    form = _new_job_form(page)
+    task, loss = form.get_by_label("Task", exact=True), form.get_by_label("Loss", exact=True)
+    # GET /api/tasks/'s tasks; classification's one loss until hospitals are chosen.
+    options = "nodes => nodes.map(n => n.textContent)"
+    assert task.locator("option").evaluate_all(options) == ["classification", "segmentation"]
+    assert loss.locator("option").evaluate_all(options) == ["CrossEntropyLoss (default)"]
+    # Hospitals that hold masks: the task of their data, with its losses and the default.
+    form.get_by_label(re.compile("^Model", re.I)).select_option("unet")
+    form.locator("select[name=mode]").select_option(label="U-shaped")
+    page.get_by_test_id(f"participant-{three_hospitals[0].slug}").check()
+    expect(task).to_have_value("segmentation")
+    expect(page.get_by_test_id("task-help")).to_contain_text("mean Dice")
+    assert loss.locator("option").evaluate_all(options) == [
+        "DiceCELoss (default)",
+        "DiceLoss",
+        "DiceFocalLoss",
+    ]
+    expect(loss).to_have_value("DiceCELoss")
+    loss.select_option("DiceLoss")
+    expect(page.get_by_test_id("cut-model.skip")).to_be_checked(timeout=30_000)
+    screenshot(page, "new-job-segmentation")
+    page.get_by_test_id("create-job").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
+    assert (job.description["task"], job.description["loss"]) == ("segmentation", "DiceLoss")
+    expect(page.locator("tr", has_text="Task")).to_contain_text(
+        "segmentation, loss DiceLoss (validation Dice)"
+    )
+
+
+def test_a_segmentation_jobs_page_shows_dice_where_a_classifier_shows_accuracy(
+    open_page, consortium_admin, three_hospitals, make_job
+) -> None:
+    _masks_at(three_hospitals)
+    job = make_job(
+        model="unet",
+        task="segmentation",
+        mode="ushaped",
+        cuts=["model.skip.submodule.down", "model.skip"],
+        state="scheduled",
+    )
+    job = services.job_start(job=job)
+    turn = services.turn_start_next(job=job)
+    services.turn_record_progress(
+        turn=turn, steps=2, samples=16, bytes_up=1000, bytes_down=1000, loss=0.7, final=True
+    )
+    metrics = {"train_loss": 0.7, "val_dice": 0.8124, "val_loss": 0.41, "val_samples": 4}
+    services.turn_finish(turn=turn, metrics=metrics)
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto(f"/#/jobs/{job.pk}")
+    cell = page.get_by_test_id("validation-cell")
+    expect(cell).to_have_text("val Dice 0.812 · loss 0.4100 · 4 samples")
+    expect(page.get_by_test_id("validation-heading")).to_have_text("Validation Dice and loss")
+    # No majority-class baseline: that is accuracy's.
+    expect(page.locator(".chart-note", has_text="majority")).to_have_count(0)

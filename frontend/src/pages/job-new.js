@@ -170,10 +170,14 @@ function cutHelpFor(mode) {
   return `${mode.title}: ${count}. The hospital runs ${runs("hospital")}; the server runs ${runs("server")}.`;
 }
 
-/** The fewest classes that cover every label the hospitals reported (as the server counts). */
+/** The fewest classes that cover every label (every mask class, for segmentation data)
+ * the hospitals reported (as the server counts). */
 function classesNeeded(chosen) {
   const labels = new Set();
-  for (const h of chosen) for (const label of Object.keys(h.dataset_summary?.label_counts || {})) labels.add(label);
+  for (const h of chosen) {
+    const counts = h.dataset_summary?.label_counts || h.dataset_summary?.mask_classes || {};
+    for (const label of Object.keys(counts)) labels.add(label);
+  }
   let needed = labels.size;
   const numeric = [...labels].filter((l) => /^\d+$/.test(l)).map(Number);
   if (numeric.length) needed = Math.max(needed, Math.max(...numeric) + 1);
@@ -401,9 +405,23 @@ export async function render(root) {
         el("option", { value: name, selected: name === t.default_loss }, name === t.default_loss ? `${name} (default)` : name),
       ),
     );
-    taskHelp.textContent = t ? `${t.description}. Validation reports ${t.metric === "dice" ? "Dice" : t.metric}.` : "";
+    taskHelp.textContent = t?.description || "";
   }
-  task.addEventListener("change", drawLosses);
+  // Until the admin picks one, the task of the data the chosen hospitals report.
+  let taskTouched = false;
+  task.addEventListener("change", () => {
+    taskTouched = true;
+    drawLosses();
+  });
+  function taskFromData(chosen) {
+    const held = new Set(chosen.map((h) => h.dataset_summary?.task || "classification"));
+    if (taskTouched || held.size !== 1) return;
+    const [name] = held;
+    if (taskList.some((t) => t.name === name) && task.value !== name) {
+      task.value = name;
+      drawLosses();
+    }
+  }
   drawLosses();
   const taskBox = el(
     "div",
@@ -909,6 +927,7 @@ export async function render(root) {
   function participantsChanged() {
     drawPartyModels();
     const list = chosenHospitals();
+    taskFromData(list);
     if (!numClassesTouched && list.length) numClasses.value = String(Math.max(2, classesNeeded(list)));
     refreshShape();
   }

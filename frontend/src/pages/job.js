@@ -13,8 +13,8 @@
 //                                       aggregation) and while a vertical job's parties
 //                                       report their record alignment (its alignment)
 // and once GET /api/hospitals/ for the label counts (each accuracy's majority baseline)
-// and GET /api/tasks/ for the metric of the job's task (classification: accuracy;
-// segmentation: Dice), which the turns report as val_<metric>. A vertical job's
+// The job API says its task and the metric its turns report (val_accuracy, or val_dice
+// for segmentation, shown as Dice without the majority baseline). A vertical job's
 // label-leakage audit comes with GET /api/jobs/<id>/ (label_leakage), read again when a
 // round ends.
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
@@ -96,9 +96,9 @@ function accuracyText(accuracy, baseline) {
   return el("span", {}, shown, beside);
 }
 
-/** How a metric is named on the page (GET /api/tasks/'s ``metric``; val_<metric> in a turn). */
+/** How a metric is named on the page (the job API's ``metric`` is val_<metric>). */
 const METRIC_LABELS = { accuracy: "accuracy", dice: "Dice" };
-// The metric of a task when the coordinator does not list its tasks (one older than them).
+// The metric of a task where the job API does not say it (a coordinator older than tasks).
 const TASK_METRICS = { classification: "accuracy", segmentation: "dice" };
 export const metricLabel = (metric) => METRIC_LABELS[metric] || metric.replace(/_/g, " ");
 
@@ -224,14 +224,11 @@ function canvas(testid, label) {
 
 export async function render(root, [id], session) {
   const jobId = Number(id);
-  const [first, tasks] = await Promise.all([
-    api(`jobs/${jobId}/`), // a 404 becomes the router's "Not found"
-    // A coordinator without tasks (older): every job classifies.
-    api("tasks/").catch((error) => (error.status === 404 ? [] : Promise.reject(error))),
-  ]);
-  let job = first;
-  const task = job.description?.task || "classification";
-  const metric = (tasks || []).find((t) => t.name === task)?.metric || TASK_METRICS[task] || "accuracy";
+  let job = await api(`jobs/${jobId}/`); // a 404 becomes the router's "Not found"
+  // What it learns and what its turns report besides val_loss (the job API's task and
+  // metric; a coordinator from before tasks says neither: it classifies).
+  const task = job.task || job.description?.task || "classification";
+  const metric = (job.metric || `val_${TASK_METRICS[task] || "accuracy"}`).replace(/^val_/, "");
   const metricName = metricLabel(metric);
   const classifies = metric === "accuracy"; // the majority-class baseline is accuracy's
   const admin = isConsortiumAdmin();
