@@ -113,6 +113,9 @@ def test_the_form_gives_a_passive_party_a_model_of_its_own(
     form = _new_job_form(page)
     form.locator("select[name=mode]").select_option(label="Vertical (sum, labels at home)")
     label_party, second = _chosen_in_order(page, three_hospitals[:2])
+    # Its parties cannot transform their parts of a record alike: no augmentation.
+    expect(page.get_by_test_id("augmentation-not-here")).to_be_visible()
+    expect(page.get_by_test_id("add-transform")).to_be_hidden()
     expect(page.get_by_test_id("cut-pool")).to_be_checked(timeout=30_000)
     parties = form.locator("[data-field=party_models]")
     # The label party runs the job's model: only the other one is offered a model.
@@ -145,6 +148,7 @@ def test_the_form_gives_a_passive_party_a_model_of_its_own(
         }
     }
     assert body["participants"] == [{"hospital": label_party.slug}, {"hospital": second.slug}]
+    assert "augmentation" not in body
 
     # Moved to the top, it holds the labels and runs the job's model: its own is not sent.
     page.goto("/#/jobs")

@@ -533,6 +533,19 @@ export async function render(root) {
     ),
   );
   augmentation.hidden = !augmentations;
+  // Parties that hold different features of a record cannot transform their parts alike.
+  const augmentControls = [...augmentation.children].slice(2);
+  const augmentNotHere = el(
+    "p",
+    { class: "help", "data-testid": "augmentation-not-here", hidden: true },
+    "Not available in this mode: each party would transform its own features of a record, and the parts would no longer agree.",
+  );
+  augmentation.append(augmentNotHere);
+  const augments = () => !hasFeatureSets(currentMode());
+  function drawAugmentation() {
+    for (const node of augmentControls) node.hidden = !augments() || (node === augmentNone && augmentRows.length > 0);
+    augmentNotHere.hidden = augments();
+  }
   const augmentationValue = () =>
     augmentRows.map(({ kind, inputs }) => {
       const item = { name: kind.name };
@@ -1163,6 +1176,7 @@ export async function render(root) {
     modeHelp.textContent = modeHelpText(currentMode());
     drawModeOptions();
     drawPartyModels();
+    drawAugmentation();
     drawCuts();
   });
 
@@ -1200,7 +1214,7 @@ export async function render(root) {
     if (onFailure.value === "retry") data.max_retries = numberOf(maxRetries);
     // Only what this coordinator offers (an older one refuses fields it does not know).
     if (tasks) Object.assign(data, { task: task.value, loss: loss.value });
-    if (augmentations) data.augmentation = augmentationValue();
+    if (augmentations && augments()) data.augmentation = augmentationValue();
     const own = partyModelsValue();
     if (own) data.party_models = own;
     if (isFactory()) data.model_args = parseModelArgs(modelArgs.value).args;
@@ -1261,6 +1275,7 @@ export async function render(root) {
   modeHelp.textContent = modeHelpText(currentMode());
   drawModeOptions();
   drawPartyModels();
+  drawAugmentation();
   modelHelp.textContent = currentModel()?.description || "";
   refreshShape();
   name.focus();
