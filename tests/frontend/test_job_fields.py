@@ -17,10 +17,14 @@ from tests.platform_apps.conftest import agent_actor
 from training import services
 from training.leakage import leakage_report
 from training.models import Job
+from training.validation import JobInput
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 VERTICAL = {"join": "sum", "labels": "hospital", "min_records": 50}
+# party_models comes to POST /api/jobs/ from main (the lead's): on a branch without it the
+# form's test fails at the coordinator's "unknown field", as it must.
+TAKES_PARTY_MODELS = "party_models" in JobInput().fields
 
 
 def _new_job_form(page):
@@ -105,6 +109,9 @@ def _chosen_in_order(page, hospitals) -> list:
     return [by_slug[slug] for slug in slugs]
 
 
+@pytest.mark.xfail(
+    not TAKES_PARTY_MODELS, reason="POST /api/jobs/ takes party_models from main", strict=True
+)
 def test_the_form_gives_a_passive_party_a_model_of_its_own(
     open_page, consortium_admin, three_hospitals
 ) -> None:
@@ -136,8 +143,8 @@ def test_the_form_gives_a_passive_party_a_model_of_its_own(
     form.locator(f"#f-party-{second.slug}-args").fill("")
     form.locator(f"#f-party-{second.slug}-args").blur()
     expect(cut).to_have_value("pool1", timeout=30_000)
+    # A front whose output does not fit the join: the coordinator's refusal, beside it.
     cut.select_option("pool2")
-    screenshot(page, "new-job-party-model")
     body = _posted_job(page)
     assert body["party_models"] == {
         second.slug: {
@@ -149,9 +156,26 @@ def test_the_form_gives_a_passive_party_a_model_of_its_own(
     }
     assert body["participants"] == [{"hospital": label_party.slug}, {"hospital": second.slug}]
     assert "augmentation" not in body
+    expect(parties.locator("#party_models-error")).to_contain_text("embedding of one shape")
+    assert Job.objects.count() == 0
+    cut.select_option("pool1")
+    screenshot(page, "new-job-party-model")
+    page.get_by_test_id("create-job").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job = Job.objects.get(pk=int(page.url.rsplit("/", 1)[1]))
+    assert job.description["party_models"] == {
+        second.slug: {
+            "model": "small_cnn",
+            "model_args": {},
+            "input_shape": [1, 28, 28],
+            "cut": "pool1",
+        }
+    }
+    expect(page.locator("tr", has_text=f"{second.name}'s model")).to_contain_text(
+        "small_cnn, cut after pool1, input [1, 28, 28]"
+    )
 
     # Moved to the top, it holds the labels and runs the job's model: its own is not sent.
-    page.goto("/#/jobs")
     form = _new_job_form(page)
     form.locator("select[name=mode]").select_option(label="Vertical (sum, labels at home)")
     _chosen_in_order(page, [label_party, second])
