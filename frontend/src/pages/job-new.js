@@ -698,8 +698,10 @@ export async function render(root) {
     const jobCut = chosenCuts()[0];
     if (rows.some((r) => r.name === jobCut)) state.cut.value = jobCut;
     state.status.className = "help";
+    const jobRow = cutRows.find((r) => r.name === jobCut);
+    const theirs = jobRow ? ` The label party's front (the job's model up to ${jobRow.name}) sends ${front(jobRow)}.` : "";
     state.status.textContent = rows.length
-      ? "Beside each cut: the tensor its front sends, which must fit the join with the other parties' fronts."
+      ? `Beside each cut: the tensor its front sends, which must fit the join with the other parties' fronts.${theirs}`
       : "This model has no cut points.";
   }
   /** The passive parties of the chosen mode (every chosen hospital but the first). */
@@ -801,7 +803,7 @@ export async function render(root) {
         field("Name", name, "optional; shown in lists"),
         el("div", {}, modelKind, modelBox),
         el("div", {}, field("Mode", mode), modeHelp),
-        field("Number of classes", numClasses, "at least the labels the hospitals report"),
+        field("Number of classes", numClasses, "at least the labels (the mask classes) the hospitals report"),
       ),
       taskBox,
     ),
@@ -902,6 +904,7 @@ export async function render(root) {
             { class: "muted" },
             shape ? `[${shape.join(", ")}]` : el("span", { class: "warn" }, "no data reported yet"),
             train !== undefined ? ` · ${whole.format(train)} training samples` : "",
+            summary?.task === "segmentation" ? " · a mask per image" : "",
           ),
           h.online ? badge("online") : badge("offline"),
           el(
