@@ -123,6 +123,9 @@ def test_the_form_gives_a_passive_party_a_model_of_its_own(
     # Its parties cannot transform their parts of a record alike: no augmentation.
     expect(page.get_by_test_id("augmentation-not-here")).to_be_visible()
     expect(page.get_by_test_id("add-transform")).to_be_hidden()
+    # Nor masks: a vertical job classifies.
+    expect(form.get_by_label("Task", exact=True)).to_be_disabled()
+    expect(page.get_by_test_id("task-not-here")).to_be_visible()
     expect(page.get_by_test_id("cut-pool")).to_be_checked(timeout=30_000)
     parties = form.locator("[data-field=party_models]")
     # The label party runs the job's model: only the other one is offered a model.

@@ -413,9 +413,28 @@ export async function render(root) {
     taskTouched = true;
     drawLosses();
   });
+  // A mode whose parties hold different features of a record classifies only (the
+  // coordinator refuses a segmentation job there): its task is fixed, and says so.
+  const taskNotHere = el(
+    "p",
+    { class: "help", "data-testid": "task-not-here", hidden: true },
+    "This mode classifies only: its parties hold different features of each record, not images with masks.",
+  );
+  const classifier = () => taskList.find((t) => t.metric === "accuracy")?.name || "classification";
+  function drawTask() {
+    const fixed = hasFeatureSets(currentMode());
+    task.disabled = fixed;
+    taskNotHere.hidden = !fixed;
+    if (fixed && task.value !== classifier()) {
+      task.value = classifier();
+      drawLosses();
+    } else if (!fixed) {
+      taskFromData(chosenHospitals());
+    }
+  }
   function taskFromData(chosen) {
     const held = new Set(chosen.map((h) => h.dataset_summary?.task || "classification"));
-    if (taskTouched || held.size !== 1) return;
+    if (taskTouched || held.size !== 1 || task.disabled) return;
     const [name] = held;
     if (taskList.some((t) => t.name === name) && task.value !== name) {
       task.value = name;
@@ -426,7 +445,7 @@ export async function render(root) {
   const taskBox = el(
     "div",
     { class: "row", "data-testid": "task-fields", hidden: !tasks },
-    el("div", {}, field("Task", task), taskHelp),
+    el("div", {}, field("Task", task), taskHelp, taskNotHere),
     field("Loss", loss, "the task's losses (MONAI's for segmentation)"),
   );
 
@@ -1180,6 +1199,7 @@ export async function render(root) {
     drawModeOptions();
     drawPartyModels();
     drawAugmentation();
+    drawTask();
     drawCuts();
   });
 
@@ -1279,6 +1299,7 @@ export async function render(root) {
   drawModeOptions();
   drawPartyModels();
   drawAugmentation();
+  drawTask();
   modelHelp.textContent = currentModel()?.description || "";
   refreshShape();
   name.focus();
