@@ -175,7 +175,8 @@ function cutHelpFor(mode) {
 function classesNeeded(chosen) {
   const labels = new Set();
   for (const h of chosen) {
-    const counts = h.dataset_summary?.label_counts || h.dataset_summary?.mask_classes || {};
+    const summary = h.dataset_summary || {};
+    const counts = (summary.task === "segmentation" ? summary.mask_classes : summary.label_counts) || {};
     for (const label of Object.keys(counts)) labels.add(label);
   }
   let needed = labels.size;
@@ -479,8 +480,9 @@ export async function render(root) {
       return input.value;
     }
   }
+  let transformsAdded = 0; // ids stay unique when one is removed and another added
   function addTransform(kind) {
-    const index = augmentRows.length;
+    const index = transformsAdded++;
     const inputs = new Map();
     const row = { kind, inputs };
     const fields = Object.entries(kind.params || {}).map(([param, fallback]) => {
