@@ -228,7 +228,7 @@ def test_the_form_sends_the_augmentation_in_order_and_shows_its_refusal_beside_i
     )
 
 
-def test_a_coordinator_without_tasks_or_augmentations_is_not_asked_for_them(
+def test_a_coordinator_without_tasks_or_augmentations_is_offered_and_sent_neither(
     open_page, consortium_admin, three_hospitals
 ) -> None:
     page = open_page()
