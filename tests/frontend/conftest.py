@@ -55,6 +55,37 @@ _screenshots: dict[str, Path] = {}
 VENDOR = Path(__file__).resolve().parents[2] / "frontend" / "vendor" / "chart.umd.min.js"
 
 
+#: The cut tables this session's tests had the coordinator work out, by cache key.
+_kept_cut_tables: dict[str, object] = {}
+
+
+def _default_cut_table_keys() -> list[str]:
+    """The cache keys of every registry model's table at its own shape: what the new-job
+    form asks for when it opens (training/validation.py's ``model_cut_table`` keys)."""
+    from medsplit.models.registry import get_model_spec, model_names
+
+    keys = []
+    for name in model_names():
+        shape = ",".join(map(str, get_model_spec(name).default_input_shape))
+        keys.append(f"cut-table:{name}:{shape}:default")
+    return keys
+
+
+@pytest.fixture(autouse=True)
+def _cut_tables_kept(_fresh_cache) -> Iterator[None]:
+    """Each test starts with an empty cache (``_fresh_cache``), but a cut table is a pure
+    function of the model and its shape: the registry models' default tables worked out
+    by an earlier test are put back, so the form's first open traces DenseNet121 (the
+    registry's first model, several seconds of CPU) once a session rather than once a
+    test. The form still asks the coordinator, which answers from its cache as it does a
+    second visitor; the first test of a session traces for real."""
+    from django.core.cache import cache
+
+    cache.set_many(_kept_cut_tables)
+    yield
+    _kept_cut_tables.update(cache.get_many(_default_cut_table_keys()))
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     if not Path(CHROMIUM).exists() and not shutil.which(CHROMIUM):

@@ -11,8 +11,12 @@
 // GET /api/hospitals/?status=enrolled (who may take part, with the shape of the data
 // they reported) and
 // GET /api/models/<name>/cuts/?input_shape=c,h,w[&model_args=<json>] (the cut table at
-// the participants' shape; a factory's with its arguments). "Create and schedule" also
-// POSTs /api/jobs/<id>/schedule/.
+// the participants' shape; a factory's with its arguments; a vertical party's own model's
+// at its shape), GET /api/tasks/ (the tasks, each with its losses, default loss and
+// validation metric) and GET /api/augmentations/ (the transforms a job may name, each
+// with its parameters' defaults); a coordinator that answers 404 to either has no such
+// choice, and the form does not offer it. "Create and schedule" also POSTs
+// /api/jobs/<id>/schedule/.
 
 import { api, apiAll } from "../api.js";
 import { isConsortiumAdmin } from "../app.js";
@@ -36,6 +40,25 @@ const MODE_NOTES = {
 const FACTORY_NAME = /^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$/;
 const MAX_ARGS_BYTES = 4096;
 const ARGS_REFUSED = "The model arguments are not a JSON object of at most 4096 bytes.";
+
+/** Whether the parties of ``mode`` (a GET /api/modes/ entry) hold different features of
+ * the same records, so that one other than the label party may run a front of its own
+ * (party_models). The mode says so where it does (feature_sets); until every coordinator
+ * does, vertical is the one mode that has them. */
+export const hasFeatureSets = (mode) => mode?.feature_sets ?? mode?.name === "vertical";
+
+/** A shape typed as "c,h,w" (or "[1, 28, 28]"): ``{ shape }``, or ``{ problem }``. */
+export function parseShape(text) {
+  const parts = text.replace(/[[\]\s]/g, "").split(",").filter(Boolean);
+  const shape = parts.map(Number);
+  if (!parts.length || shape.some((n) => !Number.isInteger(n) || n < 1)) {
+    return { problem: "The input shape is positive whole numbers separated by commas, such as 1,28,28." };
+  }
+  return { shape };
+}
+
+/** A registry answer, or ``null`` where this coordinator has no such list (404). */
+const unlessMissing = (promise) => promise.catch((error) => (error.status === 404 ? null : Promise.reject(error)));
 
 /** The model arguments typed in ``text``: ``{ args }``, or ``{ problem }`` in words. */
 export function parseModelArgs(text) {
@@ -147,10 +170,15 @@ function cutHelpFor(mode) {
   return `${mode.title}: ${count}. The hospital runs ${runs("hospital")}; the server runs ${runs("server")}.`;
 }
 
-/** The fewest classes that cover every label the hospitals reported (as the server counts). */
+/** The fewest classes that cover every label (every mask class, for segmentation data)
+ * the hospitals reported (as the server counts). */
 function classesNeeded(chosen) {
   const labels = new Set();
-  for (const h of chosen) for (const label of Object.keys(h.dataset_summary?.label_counts || {})) labels.add(label);
+  for (const h of chosen) {
+    const summary = h.dataset_summary || {};
+    const counts = (summary.task === "segmentation" ? summary.mask_classes : summary.label_counts) || {};
+    for (const label of Object.keys(counts)) labels.add(label);
+  }
   let needed = labels.size;
   const numeric = [...labels].filter((l) => /^\d+$/.test(l)).map(Number);
   if (numeric.length) needed = Math.max(needed, Math.max(...numeric) + 1);
@@ -218,7 +246,7 @@ export async function render(root) {
     return null;
   }
 
-  const [models, modelModules, allModes, codecs, optimizers, hospitalsRaw] = await Promise.all([
+  const [models, modelModules, allModes, codecs, optimizers, hospitalsRaw, tasks, augmentations] = await Promise.all([
     api("models/"),
     // A coordinator that does not say (older, or not to this person): the form then offers
     // the field without the list, and the coordinator still refuses a module it does not list.
@@ -227,6 +255,8 @@ export async function render(root) {
     api("codecs/"),
     api("optimizers/"),
     apiAll("hospitals/", { status: "enrolled", page_size: 500 }),
+    unlessMissing(api("tasks/")),
+    unlessMissing(api("augmentations/")),
   ]);
   const hospitals = (hospitalsRaw || []).filter((h) => h.status === "enrolled");
   const bySlug = new Map(hospitals.map((h) => [h.slug, h]));
@@ -363,6 +393,190 @@ export async function render(root) {
     }
     return Object.keys(values).length ? values : undefined;
   }
+  // -- task and loss (GET /api/tasks/; none offered by a coordinator without them) ------
+  const taskList = tasks || [];
+  const task = select("task", taskList.map((t) => [t.name, t.name]), taskList[0]?.name);
+  const loss = el("select", { name: "loss" });
+  const taskHelp = el("p", { class: "help", "aria-live": "polite", "data-testid": "task-help" });
+  const currentTask = () => taskList.find((t) => t.name === task.value);
+  function drawLosses() {
+    const t = currentTask();
+    loss.replaceChildren(
+      ...(t?.losses || []).map((name) =>
+        el("option", { value: name, selected: name === t.default_loss }, name === t.default_loss ? `${name} (default)` : name),
+      ),
+    );
+    taskHelp.textContent = t?.description || "";
+  }
+  // Until the admin picks one, the task of the data the chosen hospitals report.
+  let taskTouched = false;
+  task.addEventListener("change", () => {
+    taskTouched = true;
+    drawLosses();
+  });
+  // A mode whose parties hold different features of a record classifies only (the
+  // coordinator refuses a segmentation job there): its task is fixed, and says so.
+  const taskNotHere = el(
+    "p",
+    { class: "help", "data-testid": "task-not-here", hidden: true },
+    "This mode classifies only: its parties hold different features of each record, not images with masks.",
+  );
+  const classifier = () => taskList.find((t) => t.metric === "accuracy")?.name || "classification";
+  function drawTask() {
+    const fixed = hasFeatureSets(currentMode());
+    task.disabled = fixed;
+    taskNotHere.hidden = !fixed;
+    if (fixed && task.value !== classifier()) {
+      task.value = classifier();
+      drawLosses();
+    } else if (!fixed) {
+      taskFromData(chosenHospitals());
+    }
+  }
+  function taskFromData(chosen) {
+    const held = new Set(chosen.map((h) => h.dataset_summary?.task || "classification"));
+    if (taskTouched || held.size !== 1 || task.disabled) return;
+    const [name] = held;
+    if (taskList.some((t) => t.name === name) && task.value !== name) {
+      task.value = name;
+      drawLosses();
+    }
+  }
+  drawLosses();
+  const taskBox = el(
+    "div",
+    { class: "row", "data-testid": "task-fields", hidden: !tasks },
+    el("div", {}, field("Task", task), taskHelp, taskNotHere),
+    field("Loss", loss, "the task's losses (MONAI's for segmentation)"),
+  );
+
+  // -- augmentation (GET /api/augmentations/) ---------------------------------------------
+  // The job's transforms in order, each with its parameters; every party applies them the
+  // same way (seeded per step from the job's seed).
+  const transformList = augmentations || [];
+  const augmentRows = []; // { kind, node, inputs: Map(param -> input) }
+  const augmentListBox = el("ol", { class: "augmentations", "aria-label": "Transforms, in the order applied" });
+  const augmentAdd = select("augmentation_add", transformList.map((t) => [t.name, t.name]), transformList[0]?.name);
+  augmentAdd.id = "f-augmentation-add";
+  const augmentHelp = el("p", { class: "help", "aria-live": "polite" });
+  const syncAugmentHelp = () => {
+    augmentHelp.textContent = transformList.find((t) => t.name === augmentAdd.value)?.description || "";
+  };
+  augmentAdd.addEventListener("change", syncAugmentHelp);
+  syncAugmentHelp();
+  function paramInput(name, fallback) {
+    if (typeof fallback === "boolean") return el("input", { name, type: "checkbox", checked: fallback });
+    if (typeof fallback === "number") return numberInput(name, fallback, { step: "any" });
+    const text = typeof fallback === "string" ? fallback : JSON.stringify(fallback);
+    return el("input", { name, type: "text", value: text ?? "", spellcheck: "false" });
+  }
+  function paramValue(input, fallback) {
+    if (typeof fallback === "boolean") return input.checked;
+    if (typeof fallback === "number") return numberOf(input);
+    if (typeof fallback === "string") return input.value;
+    try {
+      return JSON.parse(input.value); // lists and the like, as JSON (the server checks them)
+    } catch {
+      return input.value;
+    }
+  }
+  let transformsAdded = 0; // ids stay unique when one is removed and another added
+  function addTransform(kind) {
+    const index = transformsAdded++;
+    const inputs = new Map();
+    const row = { kind, inputs };
+    const fields = Object.entries(kind.params || {}).map(([param, fallback]) => {
+      const input = paramInput(`augment_${index}_${param}`, fallback);
+      input.id = `f-augment-${index}-${param}`;
+      inputs.set(param, input);
+      return field(param.replaceAll("_", " "), input, `default ${JSON.stringify(fallback)}`);
+    });
+    row.node = el(
+      "li",
+      { "data-transform": kind.name, "data-testid": `transform-${index}` },
+      el("div", {}, el("strong", {}, kind.name), " ", el("span", { class: "muted" }, kind.description || "")),
+      el("div", { class: "row" }, ...fields),
+      el(
+        "button",
+        {
+          type: "button",
+          class: "secondary",
+          "aria-label": `Remove ${kind.name}`,
+          onclick: () => {
+            augmentRows.splice(augmentRows.indexOf(row), 1);
+            drawTransforms();
+            augmentAdd.focus();
+          },
+        },
+        "Remove",
+      ),
+    );
+    augmentRows.push(row);
+    drawTransforms();
+    row.inputs.values().next().value?.focus();
+  }
+  function drawTransforms() {
+    augmentListBox.replaceChildren(...augmentRows.map((r) => r.node));
+    augmentNone.hidden = augmentRows.length > 0;
+  }
+  const augmentNone = el("p", { class: "muted" }, "None: the images are used as they are.");
+  const augmentation = group(
+    "augmentation",
+    "Augmentation",
+    el(
+      "p",
+      { class: "help" },
+      "Random transforms applied to each training batch, in this order (to the image and, for segmentation, its mask alike), drawn from the job's seed at each step: a resumed turn draws the same ones.",
+    ),
+    augmentNone,
+    augmentListBox,
+    el(
+      "div",
+      { class: "row" },
+      el("div", {}, field("Transform to add", augmentAdd), augmentHelp),
+      el(
+        "div",
+        { class: "actions" },
+        el(
+          "button",
+          {
+            type: "button",
+            class: "secondary",
+            "data-testid": "add-transform",
+            onclick: () => {
+              const kind = transformList.find((t) => t.name === augmentAdd.value);
+              if (kind) addTransform(kind);
+            },
+          },
+          "Add transform",
+        ),
+      ),
+    ),
+  );
+  augmentation.hidden = !augmentations;
+  // Parties that hold different features of a record cannot transform their parts alike.
+  const augmentControls = [...augmentation.children].slice(2);
+  const augmentNotHere = el(
+    "p",
+    { class: "help", "data-testid": "augmentation-not-here", hidden: true },
+    "Not available in this mode: each party would transform its own features of a record, and the parts would no longer agree.",
+  );
+  augmentation.append(augmentNotHere);
+  const augments = () => !hasFeatureSets(currentMode());
+  function drawAugmentation() {
+    for (const node of augmentControls) node.hidden = !augments() || (node === augmentNone && augmentRows.length > 0);
+    augmentNotHere.hidden = augments();
+  }
+  const augmentationValue = () =>
+    augmentRows.map(({ kind, inputs }) => {
+      const item = { name: kind.name };
+      for (const [param, input] of inputs) {
+        const value = paramValue(input, kind.params[param]);
+        if (value !== undefined) item[param] = value;
+      }
+      return item;
+    });
+
   const numClasses = numberInput("num_classes", 2, { min: "2", max: "10000" });
   let numClassesTouched = false;
   numClasses.addEventListener("input", () => {
@@ -390,6 +604,150 @@ export async function render(root) {
       : el("p", { class: "warn" }, "No hospital is enrolled yet: enrol hospitals before creating a job."),
     participantStatus,
   );
+
+  // -- a vertical party's own model (party_models) -----------------------------------------
+  // A party other than the label party (the first) may run a front of its own on its own
+  // features: a model, its arguments, the shape of its data and where its front ends. Its
+  // front's output meets the others' at the server (the join), so the cut's crossing
+  // shape is shown beside each cut.
+  const partyState = new Map(); // slug -> { own, model, args, shape, cut, status, box, request }
+  const partyList = el("ul", { class: "participants party-models" });
+  const partyModels = group(
+    "party_models",
+    "The other parties' models",
+    el(
+      "p",
+      { class: "help" },
+      "Each party other than the label party runs the job's model up to its first cut unless it runs a model of its own here, on the features it holds.",
+    ),
+    partyList,
+  );
+  const modelChoices = el(
+    "datalist",
+    { id: "party-model-choices" },
+    models.map((m) => el("option", { value: m.name })),
+    (modelModules?.modules || []).map((m) => el("option", { value: `${m}:` })),
+  );
+  function partyOf(h) {
+    if (partyState.has(h.slug)) return partyState.get(h.slug);
+    const slug = h.slug;
+    const own = el("input", { type: "checkbox", "data-testid": `party-model-${slug}` });
+    const modelIn = el("input", {
+      type: "text",
+      id: `f-party-${slug}-model`,
+      name: `party_${slug}_model`,
+      list: "party-model-choices",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "a registry model or MODULE:FACTORY",
+    });
+    const args = el("textarea", { id: `f-party-${slug}-args`, name: `party_${slug}_model_args`, rows: "2", spellcheck: "false", placeholder: "{}" });
+    const reported = h.dataset_summary?.image_shape;
+    const shape = el("input", {
+      type: "text",
+      id: `f-party-${slug}-shape`,
+      name: `party_${slug}_input_shape`,
+      value: Array.isArray(reported) ? reported.join(",") : "",
+      placeholder: "c,h,w",
+    });
+    const cut = el("select", { id: `f-party-${slug}-cut`, name: `party_${slug}_cut` });
+    const status = el("p", { class: "help", "aria-live": "polite" });
+    const fields = el(
+      "div",
+      { class: "row", hidden: true },
+      field("Its model", modelIn),
+      field("Its model arguments (JSON)", args, "blank: none"),
+      field("Its input shape", shape, Array.isArray(reported) ? "as it reports its data" : "it has not reported its data"),
+      el("div", {}, field("Its front ends after", cut), status),
+    );
+    const state = { own, modelIn, args, shape, cut, status, fields, request: 0 };
+    own.addEventListener("change", () => {
+      fields.hidden = !own.checked;
+      if (own.checked) {
+        if (!modelIn.value) modelIn.value = currentModel()?.name || "";
+        loadPartyCuts(state);
+        modelIn.focus();
+      }
+    });
+    for (const input of [modelIn, args, shape]) input.addEventListener("change", () => loadPartyCuts(state));
+    state.box = el(
+      "li",
+      { "data-party": slug },
+      el("label", {}, own, el("span", {}, el("strong", {}, h.name), " runs a model of its own")),
+      fields,
+    );
+    partyState.set(slug, state);
+    return state;
+  }
+  async function loadPartyCuts(state) {
+    const name = state.modelIn.value.trim();
+    const { args, problem: argsProblem } = parseModelArgs(state.args.value);
+    const { shape, problem: shapeProblem } = parseShape(state.shape.value);
+    const ask = ++state.request;
+    const wait = (text, kind = "help") => {
+      state.cut.replaceChildren();
+      state.status.className = kind;
+      state.status.textContent = text;
+    };
+    if (!name) return wait("Name its model to see where its front may end.");
+    if (argsProblem || shapeProblem) return wait(argsProblem || shapeProblem, "help warn");
+    const argsText = Object.keys(args).length ? JSON.stringify(args) : undefined;
+    const key = `${name}|${shape.join(",")}|${argsText || ""}`;
+    wait("Loading its cut table…");
+    let answer = cutCache.get(key);
+    try {
+      if (!answer) {
+        answer = await api(`models/${encodeURIComponent(name)}/cuts/`, { query: { input_shape: shape.join(","), model_args: argsText } });
+        cutCache.set(key, answer);
+      }
+    } catch (error) {
+      if (ask !== state.request) return;
+      if (error.status === 429) {
+        const again = Math.min(Math.max(error.retryAfter ?? 5, 1), 60);
+        wait(`The coordinator is busy working out cut tables; asking again in ${again} s…`);
+        setTimeout(() => ask === state.request && loadPartyCuts(state), again * 1000);
+        return;
+      }
+      const why = Object.values(error.details || {}).flat().join(" ");
+      return wait(`${error.message}${why ? `: ${why}` : ""}`, "help warn");
+    }
+    if (ask !== state.request) return;
+    const rows = answer.cuts || [];
+    const front = (row) => (row.crossing || []).map((t) => `[${t.shape.join(", ")}]`).join(" + ");
+    state.cut.replaceChildren(...rows.map((row) => el("option", { value: row.name }, `${row.name} → ${front(row)}`)));
+    // Where the job's own front ends, if this model has that cut too.
+    const jobCut = chosenCuts()[0];
+    if (rows.some((r) => r.name === jobCut)) state.cut.value = jobCut;
+    state.status.className = "help";
+    const jobRow = cutRows.find((r) => r.name === jobCut);
+    const theirs = jobRow ? ` The label party's front (the job's model up to ${jobRow.name}) sends ${front(jobRow)}.` : "";
+    state.status.textContent = rows.length
+      ? `Beside each cut: the tensor its front sends, which must fit the join with the other parties' fronts.${theirs}`
+      : "This model has no cut points.";
+  }
+  /** The passive parties of the chosen mode (every chosen hospital but the first). */
+  const passiveParties = () => (hasFeatureSets(currentMode()) ? chosenHospitals().slice(1) : []);
+  function drawPartyModels() {
+    const passive = passiveParties();
+    partyModels.hidden = !passive.length;
+    partyList.replaceChildren(...passive.map((h) => partyOf(h).box));
+  }
+  function partyModelsValue() {
+    const value = {};
+    for (const h of passiveParties()) {
+      const state = partyOf(h);
+      if (!state.own.checked) continue;
+      const { args } = parseModelArgs(state.args.value);
+      const { shape } = parseShape(state.shape.value);
+      value[h.slug] = {
+        model: state.modelIn.value.trim(),
+        model_args: args ?? state.args.value, // the server names what is wrong with them
+        input_shape: shape ?? state.shape.value,
+        cut: state.cut.value,
+      };
+    }
+    return Object.keys(value).length ? value : undefined;
+  }
 
   const shapeOut = el("output", { id: "job-input-shape", "aria-live": "polite" }, "–");
   const shapeNote = el("p", { class: "help", "aria-live": "polite" });
@@ -466,11 +824,14 @@ export async function render(root) {
         field("Name", name, "optional; shown in lists"),
         el("div", {}, modelKind, modelBox),
         el("div", {}, field("Mode", mode), modeHelp),
-        field("Number of classes", numClasses, "at least the labels the hospitals report"),
+        field("Number of classes", numClasses, "at least the labels (the mask classes) the hospitals report"),
       ),
+      taskBox,
     ),
     modeOptions,
     participants,
+    partyModels,
+    modelChoices,
     shapeBox,
     cuts,
     client.node,
@@ -488,6 +849,7 @@ export async function render(root) {
         field("Seed", seed, "0 to 2147483647"),
       ),
     ),
+    augmentation,
     section(
       "When a turn fails",
       el(
@@ -521,6 +883,7 @@ export async function render(root) {
     // Keep the keyboard where it was: on the same button of the moved hospital.
     const again = participantList.querySelector(`li[data-slug="${slug}"] .${focusClass}`);
     (again && !again.disabled ? again : participantList.querySelector(`li[data-slug="${slug}"] input`))?.focus();
+    drawPartyModels();
     const h = bySlug.get(slug);
     participantStatus.textContent = `${h.name} moved to place ${order.indexOf(slug) + 1} of the list.`;
   }
@@ -562,6 +925,7 @@ export async function render(root) {
             { class: "muted" },
             shape ? `[${shape.join(", ")}]` : el("span", { class: "warn" }, "no data reported yet"),
             train !== undefined ? ` · ${whole.format(train)} training samples` : "",
+            summary?.task === "segmentation" ? " · a mask per image" : "",
           ),
           h.online ? badge("online") : badge("offline"),
           el(
@@ -598,7 +962,9 @@ export async function render(root) {
   }
 
   function participantsChanged() {
+    drawPartyModels();
     const list = chosenHospitals();
+    taskFromData(list);
     if (!numClassesTouched && list.length) numClasses.value = String(Math.max(2, classesNeeded(list)));
     refreshShape();
   }
@@ -833,6 +1199,9 @@ export async function render(root) {
   mode.addEventListener("change", () => {
     modeHelp.textContent = modeHelpText(currentMode());
     drawModeOptions();
+    drawPartyModels();
+    drawAugmentation();
+    drawTask();
     drawCuts();
   });
 
@@ -868,6 +1237,11 @@ export async function render(root) {
       round_deadline_seconds: numberOf(roundDeadline),
     };
     if (onFailure.value === "retry") data.max_retries = numberOf(maxRetries);
+    // Only what this coordinator offers (an older one refuses fields it does not know).
+    if (tasks) Object.assign(data, { task: task.value, loss: loss.value });
+    if (augmentations && augments()) data.augmentation = augmentationValue();
+    const own = partyModelsValue();
+    if (own) data.party_models = own;
     if (isFactory()) data.model_args = parseModelArgs(modelArgs.value).args;
     // Blank numbers take the server's defaults (except num_classes, which is required).
     for (const key of Object.keys(data)) if (data[key] === undefined && key !== "num_classes") delete data[key];
@@ -925,6 +1299,9 @@ export async function render(root) {
   drawParticipants();
   modeHelp.textContent = modeHelpText(currentMode());
   drawModeOptions();
+  drawPartyModels();
+  drawAugmentation();
+  drawTask();
   modelHelp.textContent = currentModel()?.description || "";
   refreshShape();
   name.focus();

@@ -12,7 +12,11 @@
 //                                       between a parallel round's turns (its secure
 //                                       aggregation) and while a vertical job's parties
 //                                       report their record alignment (its alignment)
-// and once GET /api/hospitals/ for the label counts (each accuracy's majority baseline).
+// and once GET /api/hospitals/ for the label counts (each accuracy's majority baseline)
+// The job API says its task and the metric its turns report (val_accuracy, or val_dice
+// for segmentation, shown as Dice without the majority baseline). A vertical job's
+// label-leakage audit comes with GET /api/jobs/<id>/ (label_leakage), read again when a
+// round ends.
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
 
 import { api, apiAll, CoordinatorUnreachable } from "../api.js";
@@ -56,6 +60,17 @@ function optimizerText(config) {
   return `${name} (${Object.entries(rest).map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`).join(", ")})`;
 }
 
+/** A job's augmentation (its description's list of transforms) in words. */
+function augmentationText(list) {
+  if (!list?.length) return "none";
+  return list
+    .map(({ name, ...params }) => {
+      const args = Object.entries(params).map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`);
+      return args.length ? `${name} (${args.join(", ")})` : name;
+    })
+    .join(", then ");
+}
+
 const num = (v, digits = 3) => (Number.isInteger(v) ? String(v) : Number(v).toFixed(digits));
 
 /** The majority class's share of a hospital's labels (its heartbeat's label counts): the
@@ -81,15 +96,29 @@ function accuracyText(accuracy, baseline) {
   return el("span", {}, shown, beside);
 }
 
-/** The validation metrics of a turn: accuracy (with its baseline), loss, AUC, samples. */
-function validationCell(metrics, baseline) {
+/** How a metric is named on the page (the job API's ``metric`` is val_<metric>). */
+const METRIC_LABELS = { accuracy: "accuracy", dice: "Dice" };
+// The metric of a task where the job API does not say it (a coordinator older than tasks).
+const TASK_METRICS = { classification: "accuracy", segmentation: "dice" };
+export const metricLabel = (metric) => METRIC_LABELS[metric] || metric.replace(/_/g, " ");
+
+/** The validation metrics of a turn: the task's metric (accuracy with its majority
+ * baseline; Dice), loss, AUC, samples. */
+function validationCell(metrics, baseline, metric = "accuracy") {
   const m = metrics || {};
   const parts = [];
-  if (typeof m.val_accuracy === "number") parts.push(accuracyText(m.val_accuracy, baseline));
+  const key = `val_${metric}`;
+  if (typeof m[key] === "number") {
+    parts.push(
+      metric === "accuracy"
+        ? accuracyText(m[key], baseline)
+        : el("span", { "data-testid": `val-${metric}` }, `${metricLabel(metric)} ${num(m[key])}`),
+    );
+  }
   if (typeof m.val_loss === "number") parts.push(`loss ${num(m.val_loss, 4)}`);
   if (typeof m.val_auc === "number") parts.push(`AUC ${num(m.val_auc)}`);
   if (typeof m.val_samples === "number") parts.push(`${whole.format(m.val_samples)} samples`);
-  const known = new Set(["val_accuracy", "val_loss", "val_auc", "val_samples", "train_loss"]);
+  const known = new Set([key, "val_loss", "val_auc", "val_samples", "train_loss"]);
   for (const [k, v] of Object.entries(m)) if (!known.has(k)) parts.push(`${k.replace(/_/g, " ")} ${num(v, 4)}`);
   if (!parts.length) return "–";
   return el(
@@ -98,6 +127,17 @@ function validationCell(metrics, baseline) {
     "val ",
     parts.flatMap((part, i) => (i ? [" · ", part] : [part])),
   );
+}
+
+/** An attack's AUC in words: how far from chance (0.5) it is, either way (an AUC of 0
+ * recovers every label too, by answering the other way round). */
+function leakageText(auc) {
+  if (auc === null || auc === undefined) return el("span", { class: "muted", title: "the labels are not binary" }, "–");
+  const strength = Math.abs(auc - 0.5) * 2; // 0: chance, 1: every label
+  const words =
+    strength < 0.1 ? "about chance" : strength >= 0.9 ? "labels recovered" : strength >= 0.5 ? "much leaks" : "some leaks";
+  const kind = strength < 0.1 ? "ok" : strength >= 0.5 ? "failed" : "pending";
+  return el("span", {}, num(auc), " ", badge(words, kind));
 }
 
 /** The job's steps over time from its stored points: each point carries its turn's totals
@@ -185,6 +225,12 @@ function canvas(testid, label) {
 export async function render(root, [id], session) {
   const jobId = Number(id);
   let job = await api(`jobs/${jobId}/`); // a 404 becomes the router's "Not found"
+  // What it learns and what its turns report besides val_loss (the job API's task and
+  // metric; a coordinator from before tasks says neither: it classifies).
+  const task = job.task || job.description?.task || "classification";
+  const metric = (job.metric || `val_${TASK_METRICS[task] || "accuracy"}`).replace(/^val_/, "");
+  const metricName = metricLabel(metric);
+  const classifies = metric === "accuracy"; // the majority-class baseline is accuracy's
   const admin = isConsortiumAdmin();
   const names = new Map((job.participants || []).map((p) => [p.hospital, p.hospital_name]));
   const hospitalName = (slug) => names.get(slug) || slug;
@@ -253,14 +299,16 @@ export async function render(root, [id], session) {
   );
 
   const lossCanvas = canvas("loss-chart", "Training loss, one curve per hospital over the job's steps, rounds marked");
-  const valCanvas = canvas("validation-chart", "Validation accuracy and loss per hospital, by round");
+  const valCanvas = canvas("validation-chart", `Validation ${metricName} and loss per hospital, by round`);
   const bytesCanvas = canvas("bytes-chart", "Bytes sent up and down, by time of day");
   const chartNote = el("p", { class: "muted" });
   const lossNote = el("p", { class: "muted chart-note", "data-testid": "loss-note" });
   const valNote = el(
     "p",
     { class: "muted chart-note" },
-    "Solid: validation accuracy · dotted: the hospital's majority-class share (the accuracy of always answering its most frequent label) · dashed: validation loss (right axis).",
+    classifies
+      ? "Solid: validation accuracy · dotted: the hospital's majority-class share (the accuracy of always answering its most frequent label) · dashed: validation loss (right axis)."
+      : `Solid: validation ${metricName} (${task}) · dashed: validation loss (right axis).`,
   );
   const updated = el("p", { class: "muted", "data-testid": "job-updated", role: "status" });
   const charts = el(
@@ -274,7 +322,7 @@ export async function render(root, [id], session) {
       el(
         "div",
         { class: "card" },
-        el("h2", {}, "Validation accuracy and loss"),
+        el("h2", { "data-testid": "validation-heading" }, `Validation ${metricName} and loss`),
         el("div", { class: "chart-box" }, valCanvas),
         valNote,
       ),
@@ -290,6 +338,9 @@ export async function render(root, [id], session) {
   // Only a job whose parties align their records (vertical) has an alignment.
   const alignmentHeading = el("h2", { hidden: true }, "Record alignment");
   const alignmentBox = el("div", { class: "job-alignment", "data-testid": "alignment", role: "status" });
+  // Only a job with passive parties (vertical) has a label-leakage audit.
+  const leakageHeading = el("h2", { hidden: true }, "Label leakage");
+  const leakageBox = el("div", { class: "job-leakage", "data-testid": "leakage" });
 
   root.append(
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
@@ -305,6 +356,8 @@ export async function render(root, [id], session) {
     charts,
     el("h2", {}, "Turns"),
     turnsBox,
+    leakageHeading,
+    leakageBox,
     aggregationHeading,
     aggregationBox,
     el("h2", {}, "Configuration"),
@@ -400,7 +453,7 @@ export async function render(root, [id], session) {
       options: lossOptions,
       plugins: [roundLines],
     });
-    const valOptions = baseOptions("round", "accuracy");
+    const valOptions = baseOptions("round", metricName);
     valOptions.scales.x = { type: "category", title: { display: true, text: "round" } };
     valOptions.scales.y.min = 0;
     valOptions.scales.y.max = 1;
@@ -416,7 +469,7 @@ export async function render(root, [id], session) {
         labels: Array.from({ length: job.rounds }, (_, i) => roundName(i)),
         datasets: slugs.flatMap((slug) => [
           {
-            label: `accuracy · ${hospitalName(slug)}`,
+            label: `${metricName} · ${hospitalName(slug)}`,
             hospital: slug,
             data: [],
             yAxisID: "y",
@@ -509,11 +562,11 @@ export async function render(root, [id], session) {
       const mine = [...best.values()].filter((t) => t.hospital === slug).sort((a, b) => a.round - b.round);
       const pick = (t, key) => (typeof t.metrics[key] === "number" ? t.metrics[key] : null);
       valChart.data.datasets[3 * i].data = mine
-        .map((t) => ({ x: roundName(t.round), y: pick(t, "val_accuracy") }))
+        .map((t) => ({ x: roundName(t.round), y: pick(t, `val_${metric}`) }))
         .filter((p) => p.y !== null);
       const baseline = baselines.get(slug);
       valChart.data.datasets[3 * i + 1].data =
-        baseline === undefined || baseline === null
+        !classifies || baseline === undefined || baseline === null
           ? []
           : Array.from({ length: job.rounds }, (_, r) => ({ x: roundName(r), y: baseline }));
       valChart.data.datasets[3 * i + 2].data = mine
@@ -555,6 +608,13 @@ export async function render(root, [id], session) {
       // A MODULE:FACTORY model's keyword arguments (a registry model has none).
       ...(Object.keys(d.model_args || {}).length ? [["Model arguments", JSON.stringify(d.model_args)]] : []),
       ["Mode", job.mode],
+      // A vertical party's own front (party_models), beside the job's model.
+      ...Object.entries(d.party_models || {}).map(([slug, m]) => [
+        `${hospitalName(slug)}'s model`,
+        `${m.model}${Object.keys(m.model_args || {}).length ? ` ${JSON.stringify(m.model_args)}` : ""}, cut after ${m.cut}, input [${(m.input_shape || []).join(", ")}]`,
+      ]),
+      ["Task", `${task}${d.loss ? `, loss ${d.loss}` : ""} (validation ${metricName})`],
+      ["Augmentation", augmentationText(d.augmentation)],
       ["Cut(s)", (d.cuts || []).join(", ")],
       ["Input shape", d.input_shape?.length ? `[${d.input_shape.join(", ")}]` : "–"],
       ["Classes", d.num_classes],
@@ -698,7 +758,7 @@ export async function render(root, [id], session) {
             label: "Train loss (mean over the turn)",
             value: (t) => (typeof t.metrics?.train_loss === "number" ? fixed(t.metrics.train_loss) : "–"),
           },
-          { label: "Validation", value: (t) => validationCell(t.metrics, baselines.get(t.hospital)) },
+          { label: "Validation", value: (t) => validationCell(t.metrics, baselines.get(t.hospital), metric) },
           { label: "Failure reason", value: (t) => t.failure_reason || "" },
         ],
         turns,
@@ -756,6 +816,37 @@ export async function render(root, [id], session) {
           {},
           rows.map(([k, v]) => el("tr", {}, el("th", { scope: "row" }, k), el("td", {}, v))),
         ),
+      ),
+    );
+  }
+
+  // The label party's audit of what the gradients it sends back tell a passive party about
+  // its labels (platform/training/leakage.py): kept for every job whose parties hold
+  // different features, the jobs that align their records.
+  function drawLeakage() {
+    const rows = [...(job.label_leakage || [])].sort((a, b) => a.round - b.round || a.hospital.localeCompare(b.hospital));
+    const shown = rows.length > 0 || aligns();
+    leakageHeading.hidden = !shown;
+    if (!shown) return leakageBox.replaceChildren();
+    swap(
+      leakageBox,
+      el(
+        "p",
+        { class: "muted", "data-testid": "leakage-meaning" },
+        "After each round the label party measures how well two known attacks recover its labels from the gradients it sends a passive party " +
+          "(the norm and the direction, cosine, of each record's gradient), as ROC AUC: 0.5 = nothing leaks (chance), 1.0 = the labels are fully recovered " +
+          "(0.0 too, read the other way round). Only these numbers reach the coordinator.",
+      ),
+      table(
+        [
+          { label: "Round", value: (r) => r.round + 1 },
+          { label: "Passive party", value: (r) => el("a", { href: `#/hospitals/${r.hospital}` }, hospitalName(r.hospital)) },
+          { label: "Records scored", value: (r) => count(r.records) },
+          { label: "Norm attack AUC", value: (r) => leakageText(r.norm_auc) },
+          { label: "Cosine attack AUC", value: (r) => leakageText(r.cosine_auc) },
+        ],
+        rows,
+        { empty: "No audit yet: the label party reports one after each round." },
       ),
     );
   }
@@ -874,7 +965,12 @@ export async function render(root, [id], session) {
     const betweenTurns = newStatus.state === "running" && !(newTurns || []).some((t) => t.status === "running");
     // So does an alignment while its parties report.
     const aligning = aligns() && !TERMINAL.has(newStatus.state) && (job.alignment?.status || "pending") === "pending";
-    if (newStatus.state !== job.state || job.aggregations?.length || betweenTurns || aligning) {
+    // And a label-leakage audit while rounds have ended that it has not reported on yet
+    // (the label party reports each round's once that round's turns completed).
+    const roundsDone = new Set((newTurns || []).filter((t) => t.status === "completed").map((t) => t.round)).size;
+    const passive = Math.max(0, (job.participants || []).length - 1);
+    const auditing = aligns() && (job.label_leakage || []).length < roundsDone * passive;
+    if (newStatus.state !== job.state || job.aggregations?.length || betweenTurns || aligning || auditing) {
       const changed = newStatus.state !== job.state;
       job = await api(`jobs/${jobId}/`);
       if (stopped) return;
@@ -882,6 +978,7 @@ export async function render(root, [id], session) {
     }
     drawAggregations();
     drawAlignment();
+    drawLeakage();
     status = newStatus;
     turns = newTurns || [];
     drawState();
@@ -924,6 +1021,7 @@ export async function render(root, [id], session) {
   drawStats();
   drawConfig();
   drawAlignment();
+  drawLeakage();
   stopPoll = every(POLL_SECONDS, refresh);
   return () => {
     stopped = true;
