@@ -17,14 +17,10 @@ from tests.platform_apps.conftest import agent_actor
 from training import services
 from training.leakage import leakage_report
 from training.models import Job
-from training.validation import JobInput
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 VERTICAL = {"join": "sum", "labels": "hospital", "min_records": 50}
-# party_models comes to POST /api/jobs/ from main (the lead's): on a branch without it the
-# form's test fails at the coordinator's "unknown field", as it must.
-TAKES_PARTY_MODELS = "party_models" in JobInput().fields
 
 
 def _new_job_form(page):
@@ -108,9 +104,6 @@ def _chosen_in_order(page, hospitals) -> list:
     return [by_slug[slug] for slug in slugs]
 
 
-@pytest.mark.xfail(
-    not TAKES_PARTY_MODELS, reason="POST /api/jobs/ takes party_models from main", strict=True
-)
 def test_the_form_gives_a_passive_party_a_model_of_its_own(
     open_page, consortium_admin, three_hospitals
 ) -> None:
