@@ -1,6 +1,7 @@
 """The whole platform on one machine: a coordinator on SQLite, Redis, a Celery worker and
 its scheduler, and three hospital agents, each on its own third of a dataset; one job,
-from enrolment to the final test accuracy and AUC beside the majority-class baseline.
+from enrolment to the final test accuracy and AUC beside the majority-class baseline
+(with --task segmentation, a UNet on synthetic images with masks, to the test mean Dice).
 
 Run by ``scripts/demo`` (which installs everything first); ``--help`` for the options.
 After the job everything stays up (the dashboard too) until Ctrl-C, which stops every
@@ -8,7 +9,8 @@ process the demo started and exits 0; ``--exit-when-done`` stops at the job's en
 
 Exit codes: 0 the job completed (and, without ``--exit-when-done``, Ctrl-C stopped the
 demo after it), 1 the job failed or a process died, 2 bad arguments (``--data``,
-``--work-dir``, ``--port``, ``REDIS_URL``), 130 Ctrl-C before the job ended.
+``--work-dir``, ``--port``, ``REDIS_URL``, a ``--task`` that does not go with ``--mode`` or
+``--data``), 130 Ctrl-C before the job ended.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ DEFAULT_ROUNDS = 4
 DEFAULT_LOCAL_EPOCHS = 10
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_LR = 0.002
+# A segmentation job's: MONAI's discs are learnt in a few dozen steps (a test Dice near 0.9
+# after one round), so 2 rounds of 3 local epochs of batch 16 over 32x32 images.
+SEGMENTATION_ROUNDS = 2
+SEGMENTATION_LOCAL_EPOCHS = 3
+SEGMENTATION_BATCH_SIZE = 16
+SEGMENTATION_SHAPE = (1, 32, 32)
 
 
 class DemoError(Exception):
@@ -64,13 +72,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     from medsplit.modes import DEFAULT_MODE, mode_names
+    from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="a MedMNIST .npz (default: synthetic images)")
-    parser.add_argument("--mode", choices=mode_names(platform=True), default=DEFAULT_MODE)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
-    parser.add_argument("--local-epochs", type=int, default=DEFAULT_LOCAL_EPOCHS)
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument(
+        "--task",
+        choices=list(TASKS),
+        default=DEFAULT_TASK,
+        help="classification (small_cnn on labels) or segmentation (a unet job on synthetic "
+        f"{'x'.join(map(str, SEGMENTATION_SHAPE[1:]))} images with masks, DiceCE loss, "
+        "scored by mean Dice; U-shaped by default, so the masks stay home)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=mode_names(platform=True),
+        default=None,
+        help=f"default {DEFAULT_MODE}; ushaped for --task segmentation",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"default {DEFAULT_ROUNDS}; {SEGMENTATION_ROUNDS} for --task segmentation",
+    )
+    parser.add_argument(
+        "--local-epochs",
+        type=int,
+        default=None,
+        help=f"default {DEFAULT_LOCAL_EPOCHS}; {SEGMENTATION_LOCAL_EPOCHS} for --task segmentation",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"default {DEFAULT_BATCH_SIZE}; {SEGMENTATION_BATCH_SIZE} for --task segmentation",
+    )
     parser.add_argument("--lr", type=float, default=DEFAULT_LR, help="Adam's, on every party")
     parser.add_argument("--seed", type=int, default=0, help="the job's seed")
     parser.add_argument("--port", type=int, default=8000, help="the dashboard's port")
@@ -85,12 +122,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop everything once the job ended (default: stay up until Ctrl-C)",
     )
     args = parser.parse_args(argv)
+    segmentation = args.task == SEGMENTATION
+    defaults = {
+        "mode": "ushaped" if segmentation else DEFAULT_MODE,
+        "rounds": SEGMENTATION_ROUNDS if segmentation else DEFAULT_ROUNDS,
+        "local_epochs": SEGMENTATION_LOCAL_EPOCHS if segmentation else DEFAULT_LOCAL_EPOCHS,
+        "batch_size": SEGMENTATION_BATCH_SIZE if segmentation else DEFAULT_BATCH_SIZE,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name in ("rounds", "local_epochs", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not args.lr > 0:
         parser.error("--lr must be > 0")
     return args
+
+
+def check_task(args: argparse.Namespace) -> None:
+    """A segmentation demo needs a mode that takes masks and synthetic images with masks.
+
+    Raises:
+        DemoError: ``--task segmentation`` with a vertical mode or with ``--data``.
+    """
+    from medsplit.modes import get_mode
+    from medsplit.training.tasks import SEGMENTATION
+
+    if args.task != SEGMENTATION:
+        return
+    if get_mode(args.mode).feature_sets:
+        raise DemoError(
+            f"--task segmentation --mode {args.mode}: a {args.mode} job classifies (its "
+            "parties hold parts of each record, no masks); leave --mode out (ushaped) or "
+            "give vanilla"
+        )
+    if args.data:
+        raise DemoError(
+            f"--task segmentation --data {args.data}: a MedMNIST set holds a label per "
+            "image, no masks; leave --data out for synthetic images with masks"
+        )
 
 
 # -- the work folder ---------------------------------------------------------------------
@@ -161,21 +232,23 @@ class WorkDir:
 
 @dataclass
 class Dataset:
-    """The demo's data: each split as images (float in [0, 1], N x C x H x W) and labels."""
+    """The demo's data: each split as images (float in [0, 1], N x C x H x W) and labels
+    (a segmentation set's: masks, N x 1 x H x W)."""
 
     train: object
     val: object
     test: object
     source: str
+    task: str = "classification"
 
     @property
     def num_classes(self) -> int:
         return max(2, int(self.train.labels.max()) + 1)
 
 
-def load_data(data: str | None) -> Dataset:
+def load_data(data: str | None, task: str = "classification") -> Dataset:
     """The MedMNIST archive, read with the checks ``medsplit simulate`` makes, or synthetic
-    images.
+    images (``task`` segmentation: MONAI's discs with their masks).
 
     Raises:
         DemoError: the archive is missing, damaged or not MedMNIST's (the message is
@@ -183,7 +256,10 @@ def load_data(data: str | None) -> Dataset:
     """
     from medsplit.data import DataSplit, load_medmnist, synthetic_split
     from medsplit.errors import DataError
+    from medsplit.training.tasks import SEGMENTATION
 
+    if task == SEGMENTATION:
+        return synthetic_segmentation()
     if data:
         try:
             train, val, test = (load_medmnist(data, split) for split in ("train", "val", "test"))
@@ -201,6 +277,26 @@ def load_data(data: str | None) -> Dataset:
         part(900, 1000),
         part(1000, 1200),
         "1,200 synthetic 28x28 images (give --data file.npz for a MedMNIST set)",
+    )
+
+
+def synthetic_segmentation() -> Dataset:
+    """300 training images with masks (a hundred per hospital, the agents keep a fifth for
+    validation) and 100 test images, 32x32, from ``synthetic_segmentation_split``."""
+    from medsplit.data import DataSplit, synthetic_segmentation_split
+
+    made = synthetic_segmentation_split(400, shape=SEGMENTATION_SHAPE, seed=7)
+
+    def part(a: int, b: int) -> DataSplit:
+        return DataSplit(made.images[a:b].contiguous(), made.labels[a:b].contiguous())
+
+    side = "x".join(map(str, SEGMENTATION_SHAPE[1:]))
+    return Dataset(
+        part(0, 300),
+        part(300, 300),
+        part(300, 400),
+        f"400 synthetic {side} images with masks (MONAI's discs), as PNG folders",
+        task="segmentation",
     )
 
 
@@ -227,6 +323,33 @@ def thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
             test_labels=dataset.test.labels[:1].numpy(),
         )
         paths.append(path)
+    return paths
+
+
+def write_segmentation_folder(folder: Path, images, masks) -> None:
+    """``images/`` and ``masks/`` of 8-bit PNGs sharing file names, as a hospital lays out
+    a segmentation set (``hospital_agent/README.md``, "Segmentation sets")."""
+    import torch
+    from PIL import Image
+
+    for sub in ("images", "masks"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    pixels = _uint8(images)
+    classes = masks[:, 0].to(torch.uint8).numpy()
+    for i, (image, mask) in enumerate(zip(pixels, classes, strict=True)):
+        Image.fromarray(image).save(folder / "images" / f"case{i:04d}.png")
+        Image.fromarray(mask).save(folder / "masks" / f"case{i:04d}.png")
+
+
+def segmentation_thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
+    """A folder of images and masks per hospital, a third of the training split each; the
+    test split as one more such folder, which the demo scores the model on."""
+    paths = []
+    for i in range(3):
+        path = work.entry(f"hospital-{i}")
+        write_segmentation_folder(path, dataset.train.images[i::3], dataset.train.labels[i::3])
+        paths.append(path)
+    write_segmentation_folder(work.entry("test"), dataset.test.images, dataset.test.labels)
     return paths
 
 
@@ -403,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     args = parse_args(argv)
     try:
-        dataset = load_data(args.data)
+        check_task(args)
+        dataset = load_data(args.data, args.task)
         if not free(args.port):
             raise DemoError(f"port {args.port} is taken: give another with --port")
         work = WorkDir.claim(Path(args.work_dir).resolve())
@@ -491,6 +615,7 @@ def run(
     from medsplit.modes import get_mode
     from medsplit.training.config import TrainingConfig
     from medsplit.training.schedule import turn_length
+    from medsplit.training.tasks import SEGMENTATION
     from training import services
     from training.models import Job, Turn
 
@@ -518,8 +643,18 @@ def run(
     schedule.mkdir(exist_ok=True)
     children.start("scheduler", [*celery, "beat", "-s", str(schedule / "beat"), "-l", "INFO"])
     vertical = get_mode(args.mode).feature_sets
+    segmentation = dataset.task == SEGMENTATION
     if vertical:
         data_settings = bands(dataset, work)
+    elif segmentation:
+        data_settings = [
+            {
+                "MEDSPLIT_AGENT_DATA_KIND": "folder",
+                "MEDSPLIT_AGENT_DATA_TASK": SEGMENTATION,
+                "MEDSPLIT_AGENT_DATA_PATH": str(path),
+            }
+            for path in segmentation_thirds(dataset, work)
+        ]
     else:
         data_settings = [
             {"MEDSPLIT_AGENT_DATA_KIND": "medmnist", "MEDSPLIT_AGENT_DATA_PATH": str(path)}
@@ -543,12 +678,13 @@ def run(
     while Hospital.objects.filter(status="enrolled").exclude(dataset_summary={}).count() < 3:
         children.check()
         time.sleep(1)
-    cuts = list(get_mode(args.mode).default_cuts(get_model_spec("small_cnn")))
+    model_name = "unet" if segmentation else "small_cnn"
+    cuts = list(get_mode(args.mode).default_cuts(get_model_spec(model_name)))
     # The cosine schedule runs to zero over the job's steps: each turn is local_epochs
     # passes over the training part each agent reported (it keeps some for validation).
     probe = TrainingConfig(
         cuts=tuple(cuts), mode=args.mode, batch_size=args.batch_size,
-        local_epochs=args.local_epochs, rounds=args.rounds,
+        local_epochs=args.local_epochs, rounds=args.rounds, task=dataset.task,
     )  # fmt: skip
     if vertical:
         # Every party takes every step, over the records all of them hold.
@@ -566,8 +702,10 @@ def run(
     job = services.job_create(
         actor=actor,
         data={
-            "name": f"demo ({args.mode})",
-            "model": "small_cnn",
+            "name": f"demo ({args.mode}{', segmentation' if segmentation else ''})",
+            "model": model_name,
+            # Segmentation: the task's default loss (DiceCE), left to the job to say.
+            "task": dataset.task,
             "num_classes": dataset.num_classes,
             "mode": args.mode,
             "cuts": cuts,
@@ -620,6 +758,16 @@ def run(
         time.sleep(0.5)
     trained = time.monotonic() - started
     done = Job.objects.get(pk=job.pk)
+    if segmentation:
+        dice, background = segmentation_test_metrics(done, finals[0], work.path / "test")
+        say(
+            f"done in {trained:.0f} s: test mean Dice {dice:.3f} (MONAI's DiceMetric over the "
+            f"foreground; all background scores {background:.3f}) on "
+            f"{len(dataset.test.labels)} test images"
+        )
+        if not args.exit_when_done:
+            say(f"the dashboard stays up: {sign_in_again}")
+        return 0
     if vertical:
         accuracy, auc = vertical_test_metrics(done, finals, hospitals, dataset)
     else:
@@ -636,13 +784,11 @@ def run(
     return 0
 
 
-def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
-    """Accuracy and AUC of the trained model on the test split (the demo holds every
-    party's weights on this one machine; a real consortium never does)."""
-    from hospital_agent.data import LocalData, prepare
-    from medsplit.data import DataSplit
+def trained_segments(job, final: Path):
+    """The job's model, its segments in forward order with the trained weights: the first
+    hospital's final front (and head), the server's checkpoint (the demo holds every party's
+    weights on this one machine; a real consortium never does)."""
     from medsplit.protocol.handoff import import_parties
-    from medsplit.training.evaluate import score
     from medsplit.training.setup import client_parties, server_party
     from medsplit.turns.server import SERVER_PARTY
     from medsplit.turns.stores import read_verified
@@ -657,17 +803,48 @@ def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
     import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server})
     clients = client_parties(split, config)
     import_parties(final.read_bytes(), clients)
+    segments = [clients["front"].module, server.module]
+    if "head" in clients:
+        segments.append(clients["head"].module)
+    return model, config, segments
+
+
+def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
+    """Accuracy and AUC of the trained model on the test split."""
+    from hospital_agent.data import LocalData, prepare
+    from medsplit.data import DataSplit
+    from medsplit.training.evaluate import score
+
+    model, _, segments = trained_segments(job, final)
     images, labels = dataset.test.images, dataset.test.labels
     test = prepare(
         LocalData(DataSplit(images, labels), DataSplit(images[:1], labels[:1])),
         input_shape=model.input_shape,
         num_classes=model.num_classes,
     ).train
-    segments = [clients["front"].module, server.module]
-    if "head" in clients:
-        segments.append(clients["head"].module)
     metrics = score(segments, test)
     return metrics["val_accuracy"], metrics.get("val_auc", float("nan"))
+
+
+def segmentation_test_metrics(job, final: Path, folder: Path) -> tuple[float, float]:
+    """Mean Dice of the trained model on the test folder, read as an agent reads its own
+    (``read_segmentation_folder``: PNGs scaled per image, masks kept as class indices), as
+    the turns' validation computes it (``evaluate(task=...)``, MONAI's ``DiceMetric``);
+    and what predicting the background everywhere would score."""
+    import torch
+
+    from hospital_agent.data.masks import read_segmentation_folder
+    from medsplit.training.evaluate import evaluate, segmentation_metrics
+
+    model, config, segments = trained_segments(job, final)
+    test, _ = read_segmentation_folder(
+        folder, None, input_shape=model.input_shape, num_classes=model.num_classes
+    )
+    scored = evaluate(segments, test, task=config.task, loss_fn=config.loss_fn())
+    background = torch.zeros(len(test), model.num_classes, *test.labels.shape[2:])
+    background[:, 0] = 1.0
+    guess = segmentation_metrics(background, test.labels, loss_fn=config.loss_fn())
+    return float(scored.dice), guess["val_dice"]
 
 
 def vertical_test_metrics(

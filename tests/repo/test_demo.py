@@ -277,3 +277,64 @@ def test_ctrl_c_during_the_job_stops_every_process_with_130(tmp_path: Path) -> N
         assert still_running(work) == []
     finally:
         run.kill()
+
+
+# -- --task segmentation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("--mode", "vertical"),
+            "--task segmentation --mode vertical: a vertical job classifies (its parties hold "
+            "parts of each record, no masks); leave --mode out (ushaped) or give vanilla",
+        ),
+        (
+            ("--data", "{npz}"),
+            "--task segmentation --data {npz}: a MedMNIST set holds a label per image, no "
+            "masks; leave --data out for synthetic images with masks",
+        ),
+    ],
+    ids=["vertical", "medmnist"],
+)
+def test_segmentation_with_a_vertical_mode_or_a_medmnist_set_is_refused(
+    args: tuple[str, ...], line: str, tmp_path: Path
+) -> None:
+    npz = tmp_path / "labels.npz"
+    np.savez(
+        npz,
+        **{f"{s}_images": np.zeros((4, 28, 28), np.uint8) for s in ("train", "val", "test")},
+        **{f"{s}_labels": np.zeros((4, 1), np.int64) for s in ("train", "val", "test")},
+    )
+    work = tmp_path / "work"
+    given = [a.format(npz=npz) for a in args]
+    done = _demo_exits("--task", "segmentation", *given, "--work-dir", str(work))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == f"medsplit demo: error: {line.format(npz=npz)}"
+    assert done.stdout == ""
+    assert not work.exists(), "nothing is made before the arguments are known to be good"
+
+
+@pytest.mark.slow
+def test_a_segmentation_demo_trains_a_unet_and_prints_the_test_dice(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    run = DemoRun(work, "--task", "segmentation", "--exit-when-done", *QUICK, redis_url=None)
+    try:
+        code = run.wait(timeout=300)
+    finally:
+        run.kill()
+    assert code == 0, run.output
+    assert "data: 400 synthetic 32x32 images with masks" in run.output
+    # Each agent read a folder of PNG images and masks, as a hospital would lay one out.
+    for i in range(3):
+        assert len(list((work / f"hospital-{i}" / "masks").glob("*.png"))) == 100
+    done = run.found(
+        r"done in \d+ s: test mean Dice ([0-9.]+) \(MONAI's DiceMetric over the foreground; "
+        r"all background scores ([0-9.]+)\) on 100 test images"
+    )
+    dice, background = float(done[1]), float(done[2])
+    assert background < 0.05  # every test mask holds discs
+    assert dice > 0.5, run.output  # one round of a few steps already finds the discs
+    assert "every process stopped" in run.output
+    assert still_running(work) == []
