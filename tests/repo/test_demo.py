@@ -5,7 +5,8 @@ one-line errors, exit code 2, nothing touched). One real run on the shared Redis
 (``REDIS_URL`` set) is shared by this module's tests: every key and ACL user it makes
 there carries its prefix, everything stays up after the job until Ctrl-C, which exits 0
 and leaves neither a process nor a key nor a user behind. The run with ``REDIS_URL``
-unset is ``tests/frontend/test_demo_run.py``'s, which also checks the dashboard.
+unset is ``tests/frontend/test_demo_run.py``'s, which also checks the dashboard. A
+``--task segmentation`` run (a unet on PNG folders of images and masks) has a test of its own.
 """
 
 from __future__ import annotations
