@@ -317,6 +317,21 @@ def test_segmentation_with_a_vertical_mode_or_a_medmnist_set_is_refused(
     assert not work.exists(), "nothing is made before the arguments are known to be good"
 
 
+def test_segmentation_defaults_to_a_short_ushaped_job_and_classification_keeps_its_own() -> None:
+    demo = _demo_module()
+    classify = demo.parse_args([])
+    assert (classify.task, classify.mode, classify.rounds, classify.local_epochs) == (
+        "classification", "vanilla", demo.DEFAULT_ROUNDS, demo.DEFAULT_LOCAL_EPOCHS,
+    )  # fmt: skip
+    assert classify.batch_size == demo.DEFAULT_BATCH_SIZE
+    segment = demo.parse_args(["--task", "segmentation"])
+    assert (segment.mode, segment.rounds, segment.local_epochs, segment.batch_size) == (
+        "ushaped", 2, 3, 16,
+    )  # fmt: skip
+    given = demo.parse_args(["--task", "segmentation", "--mode", "vanilla", "--rounds", "5"])
+    assert (given.mode, given.rounds) == ("vanilla", 5)
+
+
 @pytest.mark.slow
 def test_a_segmentation_demo_trains_a_unet_and_prints_the_test_dice(tmp_path: Path) -> None:
     work = tmp_path / "demo"
