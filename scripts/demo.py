@@ -155,7 +155,7 @@ def check_task(args: argparse.Namespace) -> None:
         raise DemoError(
             f"--task segmentation --mode {args.mode}: a {args.mode} job classifies (its "
             "parties hold parts of each record, no masks); leave --mode out (ushaped) or "
-            "give vanilla"
+            "give vanilla or splitfed"
         )
     if args.data:
         raise DemoError(

@@ -289,7 +289,8 @@ def test_ctrl_c_during_the_job_stops_every_process_with_130(tmp_path: Path) -> N
         (
             ("--mode", "vertical"),
             "--task segmentation --mode vertical: a vertical job classifies (its parties hold "
-            "parts of each record, no masks); leave --mode out (ushaped) or give vanilla",
+            "parts of each record, no masks); leave --mode out (ushaped) or give vanilla or "
+            "splitfed",
         ),
         (
             ("--data", "{npz}"),
