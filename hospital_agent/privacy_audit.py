@@ -99,7 +99,7 @@ def run_privacy_audit(config: AgentConfig, request: AuditRequest) -> AuditOutcom
     folder = Path(config.work_dir) / AUDIT_DIR
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask, and an old folder keeps its own
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{request.model}-{request.mode}-{'+'.join(cuts)}")
+    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{request.model}-{request.mode}-{'+'.join(cuts)}")
     picture = folder / f"{stem}.png"
     settings = AuditSettings(
         train_steps=request.train_steps,
