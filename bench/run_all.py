@@ -78,6 +78,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("--seeds", "0", "--epochs", "2", "--repeats", "2", "--steps", "3", "--ks", "3", "5"),
     ),
     Benchmark("bench_vertical", 9, (), ("--seeds", "0", "--epochs", "2")),
+    Benchmark(
+        "bench_privacy", 12, (), ("--cuts", "conv1,pool2", "--train-steps", "30", "--steps", "60")
+    ),
 )
 
 
