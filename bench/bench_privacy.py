@@ -142,7 +142,9 @@ def markdown(result: Mapping[str, Any]) -> str:
                     r["cut"],
                     "×".join(map(str, r["activation"])),
                     f"**{r['ssim']:.3f}**",
+                    f"{r['baseline_ssim']:.3f}",
                     f"{r['psnr']:.2f}",
+                    f"{r['baseline_psnr']:.2f}",
                     f"{r['distance_correlation']:.3f}",
                 ]
             )
@@ -158,6 +160,14 @@ def markdown(result: Mapping[str, Any]) -> str:
         )
         u = data["ushaped"]
         leak = u["label_leakage"] or {}
+        same = [r for r in data["rows"] if r["cut"] == u["cut"]]
+        if same:
+            # Exactness: the U-shaped job trains the same front, so its inversion is the same.
+            equal = same[0]["ssim"] == u["ssim"] and same[0]["psnr"] == u["psnr"]
+            notes.append(
+                f"{title}: the U-shaped job's front at `{u['cut']}` inverts to SSIM "
+                f"{u['ssim']:.3f}, {'exactly' if equal else 'NOT'} the vanilla job's."
+            )
 
         def fig(key: str, leak: Mapping[str, Any] = leak) -> str:
             value = leak.get(key)
@@ -177,7 +187,17 @@ def markdown(result: Mapping[str, Any]) -> str:
             ]
         )
     inversion = table(
-        ["date", "dataset", "cut", "activation", "SSIM", "PSNR (dB)", "distance correlation"],
+        [
+            "date",
+            "dataset",
+            "cut",
+            "activation",
+            "SSIM",
+            "mean image SSIM",
+            "PSNR (dB)",
+            "mean image PSNR",
+            "distance correlation",
+        ],
         rows,
     )
     leakage = table(

@@ -27,6 +27,12 @@ def format_report(report: PrivacyReport, *, source: str) -> str:
         ),
         ("inversion PSNR", f"{report.psnr:.2f} dB", "higher: closer reconstructions"),
         (
+            "mean image SSIM",
+            f"{report.baseline_ssim:.3f}",
+            f"the training images' average in place of each reconstruction (PSNR "
+            f"{report.baseline_psnr:.2f} dB): what the activations add is the gap to it",
+        ),
+        (
             "distance correlation",
             f"{report.distance_correlation:.3f}",
             f"0: activations independent of the inputs, 1: a similarity transform of them "

@@ -96,6 +96,8 @@ def test_the_first_convolution_inverts_and_a_constant_front_does_not() -> None:
     assert early.ssim > 0.9 and early.distance_correlation > 0.9
     assert blind.ssim < 0.3 and blind.distance_correlation == 0.0
     assert early.psnr > blind.psnr + 5
+    # The constant front tells the decoder nothing: it does no better than the mean image.
+    assert blind.ssim < blind.baseline_ssim + 0.05 < early.ssim
 
 
 def test_the_norm_attack_recovers_the_labels_of_an_undefended_ushaped_job() -> None:

@@ -28,5 +28,5 @@ def test_a_tiny_run_measures_each_cut_and_the_ushaped_job(capsys) -> None:
     assert data["ushaped"]["cuts"] == ["pool1", "pool"]
     assert set(data["ushaped"]["label_leakage"]) >= {"norm_auc", "norm_strength"}
     text = bench_privacy.markdown(result)
-    assert "| BreastMNIST | conv1 | 16×28×28 |" in text
+    assert "| BreastMNIST | conv1 | 16×28×28 | **" in text
     assert "Label leakage of an undefended binary U-shaped job" in text
