@@ -79,7 +79,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark("bench_vertical", 9, (), ("--seeds", "0", "--epochs", "2")),
     Benchmark(
-        "bench_privacy", 12, (), ("--cuts", "conv1,pool2", "--train-steps", "30", "--steps", "60")
+        "bench_privacy", 11, (), ("--cuts", "conv1,pool2", "--train-steps", "30", "--steps", "60")
     ),
 )
 
