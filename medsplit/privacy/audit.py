@@ -37,6 +37,7 @@ from medsplit.privacy.inversion import (
 )
 from medsplit.privacy.leakage import GradientRecorder
 from medsplit.protocol.link import LocalLink
+from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
 from medsplit.training.label_leakage import LeakageScores
 from medsplit.training.schedule import turn_batches
@@ -226,7 +227,7 @@ def audit_cut(
 
 def _train(
     split: SplitModel, train: DataSplit, config: TrainingConfig, steps: int
-) -> tuple[dict[str, Any], LeakageScores | None]:
+) -> tuple[dict[str, Party], LeakageScores | None]:
     """The client parties after ``steps`` steps of a one-hospital job, and the scores of
     what the hospital sent up where its labels shaped it."""
     parties = client_parties(split, config)

@@ -13,7 +13,8 @@ def format_report(report: PrivacyReport, *, source: str) -> str:
     shape = "x".join(map(str, report.activation))
     lines = [
         f"privacy audit of {report.model}, {report.mode} mode, cut {' / '.join(report.cuts)} "
-        f"(activation {shape} per image), after {report.train_steps} training steps on {source}",
+        f"(activation {shape} per image), after {report.train_steps} training "
+        f"step{'' if report.train_steps == 1 else 's'} on {source}",
         f"inverse network trained on {report.train_records} training images, "
         f"{report.val_records} validation images reconstructed",
         "",
