@@ -80,6 +80,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_vertical", 9, (), ("--seeds", "0", "--epochs", "2")),
     Benchmark("bench_segmentation", 2, (), ("--seeds", "0", "--epochs", "1", "--train", "96")),
     Benchmark("bench_augment", 8, (), ("--seeds", "0", "--epochs", "2", "--limit", "192")),
+    Benchmark(
+        "bench_privacy", 11, (), ("--cuts", "conv1,pool2", "--train-steps", "30", "--steps", "60")
+    ),
 )
 
 

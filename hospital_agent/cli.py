@@ -1,5 +1,5 @@
-"""``medsplit-agent``: run the agent, check its configuration and data offline, or show
-its status (identity and pinned fingerprints) offline."""
+"""``medsplit-agent``: run the agent, check its configuration and data offline, show its
+status (identity and pinned fingerprints) offline, or audit a cut's privacy on its own data."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from hospital_agent import __version__
 from hospital_agent.config import AgentConfig, add_config_flags, config_flags, load_config
 from hospital_agent.data import DataProblem, check_data
+from hospital_agent.privacy_audit import AuditRequest, run_privacy_audit
 from hospital_agent.service import EXIT_CONFIG, Agent
 from hospital_agent.status import render, status_lines
-from medsplit.errors import ConfigError
+from medsplit.errors import ConfigError, MedSplitError
+from medsplit.privacy import format_report
 
 
 def parser() -> argparse.ArgumentParser:
@@ -30,10 +32,12 @@ def parser() -> argparse.ArgumentParser:
         "command",
         nargs="?",
         default="run",
-        choices=["run", "check", "status"],
+        choices=["run", "check", "status", "privacy-audit"],
         help="run (default): take part in jobs; check: validate the configuration "
         "and the data without contacting anyone; status: this agent's hospital, identity "
-        "fingerprint and the fingerprints it pinned for its peers, from its work directory",
+        "fingerprint and the fingerprints it pinned for its peers, from its work directory; "
+        "privacy-audit: how much a cut of --model leaks on this hospital's own data "
+        "(offline; figures and a picture grid go to the work directory's privacy/)",
     )
     p.add_argument("--config", metavar="FILE", help="a TOML file; its keys are listed below")
     p.add_argument(
@@ -42,9 +46,28 @@ def parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help="DEBUG, INFO, WARNING or ERROR (MEDSPLIT_AGENT_LOG_LEVEL; default INFO)",
     )
+    _add_audit_flags(p)
     # Every configuration key gets its flag from the one table in config.py.
     add_config_flags(p)
     return p
+
+
+def _add_audit_flags(p: argparse.ArgumentParser) -> None:
+    audit = p.add_argument_group("privacy-audit", "the model and cut to audit")
+    audit.add_argument("--model", help="a registry model, or MODULE:FACTORY in model_modules")
+    audit.add_argument("--cut", action="append", help="once per cut (default: the model's)")
+    audit.add_argument("--mode", default="vanilla", help="the job's mode (default vanilla)")
+    audit.add_argument("--input-shape", help="C,H,W the images are resized to")
+    audit.add_argument("--classes", type=int, default=2, help="the job's classes (default 2)")
+    audit.add_argument(
+        "--train-steps", type=int, default=100, help="split-training steps first (default 100)"
+    )
+    audit.add_argument(
+        "--decoder-steps", type=int, default=300, help="inverse network steps (default 300)"
+    )
+    audit.add_argument("--batch-size", type=int, default=32)
+    audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check(config)
     if args.command == "status":
         return status(config)
+    if args.command == "privacy-audit":
+        return privacy_audit(config, args)
     return Agent(config).run()
 
 
@@ -87,6 +112,45 @@ def status(config: AgentConfig) -> int:
         return EXIT_CONFIG
     print(render(lines))
     return 0
+
+
+def privacy_audit(config: AgentConfig, args: argparse.Namespace) -> int:
+    """Audit a cut on the hospital's own data; print the figures (nothing is sent)."""
+    try:
+        if not args.model:
+            raise ConfigError("privacy-audit needs --model (and --cut unless the model's own)")
+        shape = _shape(args.input_shape) if args.input_shape else None
+        request = AuditRequest(
+            model=args.model,
+            cuts=tuple(args.cut or ()),
+            mode=args.mode,
+            input_shape=shape,
+            num_classes=args.classes,
+            train_steps=args.train_steps,
+            decoder_steps=args.decoder_steps,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+        outcome = run_privacy_audit(config, request)
+    except MedSplitError as e:
+        print(f"medsplit-agent privacy-audit: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.json:
+        print(json.dumps(outcome.report.to_json(), indent=2))
+    else:
+        print(format_report(outcome.report, source=f"this hospital's {config.data.kind} data"))
+        print(f"figures: {outcome.figures}")
+    return 0
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--input-shape must be C,H,W (integers), got {text!r}") from None
+    if len(shape) not in (3, 4) or min(shape) < 1:
+        raise ConfigError(f"--input-shape must be C,H,W or C,D,H,W of positive sizes: {text!r}")
+    return shape
 
 
 if __name__ == "__main__":
