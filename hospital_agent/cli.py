@@ -17,6 +17,7 @@ from hospital_agent.privacy_audit import AuditRequest, run_privacy_audit
 from hospital_agent.service import EXIT_CONFIG, Agent
 from hospital_agent.status import render, status_lines
 from medsplit.errors import ConfigError, MedSplitError
+from medsplit.modes import DEFAULT_MODE
 from medsplit.privacy import format_report
 
 
@@ -56,7 +57,9 @@ def _add_audit_flags(p: argparse.ArgumentParser) -> None:
     audit = p.add_argument_group("privacy-audit", "the model and cut to audit")
     audit.add_argument("--model", help="a registry model, or MODULE:FACTORY in model_modules")
     audit.add_argument("--cut", action="append", help="once per cut (default: the model's)")
-    audit.add_argument("--mode", default="vanilla", help="the job's mode (default vanilla)")
+    audit.add_argument(
+        "--mode", default=DEFAULT_MODE, help=f"the job's mode (default {DEFAULT_MODE})"
+    )
     audit.add_argument("--input-shape", help="C,H,W the images are resized to")
     audit.add_argument("--classes", type=int, default=2, help="the job's classes (default 2)")
     audit.add_argument(

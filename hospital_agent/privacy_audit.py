@@ -22,7 +22,7 @@ from hospital_agent.data import load_local, prepare
 from hospital_agent.turns import MODEL_MODULES_SETTING
 from medsplit.errors import ConfigError
 from medsplit.models import get_model_spec, is_factory_name, set_model_modules
-from medsplit.modes import get_mode
+from medsplit.modes import DEFAULT_MODE, get_mode
 from medsplit.privacy import AuditSettings, InversionSettings, PrivacyReport, audit_cut
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
@@ -38,7 +38,7 @@ class AuditRequest:
 
     model: str
     cuts: tuple[str, ...] = ()
-    mode: str = "vanilla"
+    mode: str = DEFAULT_MODE
     input_shape: tuple[int, ...] | None = None
     num_classes: int = 2
     train_steps: int = 100

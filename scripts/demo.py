@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # The modes are the registry's, from this tree (as the processes it starts use).
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from medsplit.modes import DEFAULT_MODE, mode_names
+    from medsplit.modes import DEFAULT_LABELS_HOME_MODE, DEFAULT_MODE, mode_names
     from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mode",
         choices=mode_names(platform=True),
         default=None,
-        help=f"default {DEFAULT_MODE}; ushaped for --task segmentation",
+        help=f"default {DEFAULT_MODE}; {DEFAULT_LABELS_HOME_MODE} for --task segmentation",
     )
     parser.add_argument(
         "--rounds",
@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     segmentation = args.task == SEGMENTATION
     defaults = {
-        "mode": "ushaped" if segmentation else DEFAULT_MODE,
+        "mode": DEFAULT_LABELS_HOME_MODE if segmentation else DEFAULT_MODE,
         "rounds": SEGMENTATION_ROUNDS if segmentation else DEFAULT_ROUNDS,
         "local_epochs": SEGMENTATION_LOCAL_EPOCHS if segmentation else DEFAULT_LOCAL_EPOCHS,
         "batch_size": SEGMENTATION_BATCH_SIZE if segmentation else DEFAULT_BATCH_SIZE,

@@ -17,6 +17,7 @@ from medsplit.modes.base import (
     StartFrom,
 )
 from medsplit.modes.registry import (
+    DEFAULT_LABELS_HOME_MODE,
     DEFAULT_MODE,
     MODES,
     get_mode,
@@ -28,6 +29,7 @@ from medsplit.modes.registry import (
 )
 
 __all__ = [
+    "DEFAULT_LABELS_HOME_MODE",
     "DEFAULT_MODE",
     "MODES",
     "SERVER_PARTY",

@@ -186,6 +186,7 @@ class ModeDescription:
     options: tuple[ModeOption, ...] = field(default=())
     runs_on_platform: bool = True
     configurations: tuple[ModeConfiguration, ...] = field(default=())
+    feature_sets: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -198,6 +199,7 @@ class ModeDescription:
             "options": [o.to_json() for o in self.options],
             "runs_on_platform": self.runs_on_platform,
             "configurations": [c.to_json() for c in self.configurations],
+            "feature_sets": self.feature_sets,
         }
 
 
@@ -610,6 +612,7 @@ class SplitMode(ABC):
             options=self.options(),
             runs_on_platform=self.runs_on_platform,
             configurations=self.configurations(),
+            feature_sets=self.feature_sets,
         )
 
     def __repr__(self) -> str:

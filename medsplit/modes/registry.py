@@ -19,6 +19,9 @@ MODES: dict[str, SplitMode] = {}
 
 #: The mode of a job that does not say.
 DEFAULT_MODE = VanillaMode.name
+#: The mode a job defaults to where its labels should stay at the hospital (a segmentation
+#: job's masks: the demo's default for one).
+DEFAULT_LABELS_HOME_MODE = UShapedMode.name
 
 
 def register(mode: SplitMode) -> SplitMode:

@@ -217,7 +217,7 @@ def test_the_form_sends_the_augmentation_in_order_and_shows_its_refusal_beside_i
         {"name": "shift_intensity", "prob": 0.5, "offset": 0.2},
     ]
     expect(page.locator("tr", has_text="Augmentation")).to_contain_text(
-        "flip (prob 0.5, axis 0), then shift_intensity (prob 0.5, offset 0.2)"
+        "flip (axis 0, prob 0.5), then shift_intensity (offset 0.2, prob 0.5)"
     )
 
 

@@ -124,6 +124,7 @@ def test_vanilla_describes_itself() -> None:
         "options": [],
         "runs_on_platform": True,
         "configurations": [],
+        "feature_sets": False,
     }
 
 

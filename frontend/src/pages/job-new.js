@@ -43,9 +43,8 @@ const ARGS_REFUSED = "The model arguments are not a JSON object of at most 4096 
 
 /** Whether the parties of ``mode`` (a GET /api/modes/ entry) hold different features of
  * the same records, so that one other than the label party may run a front of its own
- * (party_models). The mode says so where it does (feature_sets); until every coordinator
- * does, vertical is the one mode that has them. */
-export const hasFeatureSets = (mode) => mode?.feature_sets ?? mode?.name === "vertical";
+ * (party_models): GET /api/modes/ says so (feature_sets). */
+export const hasFeatureSets = (mode) => mode?.feature_sets === true;
 
 /** A shape typed as "c,h,w" (or "[1, 28, 28]"): ``{ shape }``, or ``{ problem }``. */
 export function parseShape(text) {

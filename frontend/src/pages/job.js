@@ -57,7 +57,8 @@ const bytesOf = (t) => (known(t.bytes_up) ? `${bytes(t.bytes_up)} / ${bytes(t.by
 function optimizerText(config) {
   if (!config || !Object.keys(config).length) return "default";
   const { name = "sgd", ...rest } = config;
-  return `${name} (${Object.entries(rest).map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`).join(", ")})`;
+  const entries = Object.entries(rest).sort(([a], [b]) => a.localeCompare(b));
+  return `${name} (${entries.map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`).join(", ")})`;
 }
 
 /** A job's augmentation (its description's list of transforms) in words. */
@@ -65,7 +66,10 @@ function augmentationText(list) {
   if (!list?.length) return "none";
   return list
     .map(({ name, ...params }) => {
-      const args = Object.entries(params).map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`);
+      // By name: a stored JSON object's keys come back in the database's order.
+      const args = Object.entries(params)
+        .sort(([a], [b]) => a.localeCompare(b))
+        .map(([k, v]) => `${k} ${Array.isArray(v) ? v.join("/") : v}`);
       return args.length ? `${name} (${args.join(", ")})` : name;
     })
     .join(", then ");

@@ -683,6 +683,11 @@ class ModeSerializer(serializers.Serializer):
         help_text="the mode under each combination of its options' choices (what a form "
         "offers as one choice each); empty for a mode without such options",
     )
+    feature_sets = serializers.BooleanField(
+        help_text="whether its parties hold different features of the same patients (each "
+        "participant names its feature set; one other than the first may run a model of its "
+        "own, party_models)"
+    )
 
 
 class CodecSerializer(serializers.Serializer):

@@ -153,6 +153,7 @@ def test_modes_list_the_registry_as_each_mode_describes_itself(admin, olga, hal)
             "options": [],
             "runs_on_platform": True,
             "configurations": [],
+            "feature_sets": False,
         }
         ushaped = modes["ushaped"]
         assert (ushaped["cuts"], ushaped["labels"]) == (2, "hospital")
