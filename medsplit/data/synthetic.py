@@ -41,23 +41,7 @@ def synthetic_split(
     Raises:
         ConfigError: an argument is out of range (the message names it).
     """
-    if not _is_int(n) or n < 1:
-        raise ConfigError(f"n must be an integer >= 1, got {n!r}")
-    if (
-        not isinstance(shape, tuple)
-        or len(shape) not in (3, 4)
-        or not all(_is_int(s) for s in shape)
-        or shape[0] < 1
-        or min(shape[1:]) < 4
-    ):
-        raise ConfigError(
-            "shape must be (C, H, W) or (C, D, H, W) with C >= 1 and spatial sizes >= 4, "
-            f"got {shape!r}"
-        )
-    if not _is_int(num_classes) or num_classes < 2:
-        raise ConfigError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-    if not _is_int(seed) or seed < 0:
-        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+    _check_args(n, shape, num_classes, seed, least_side=4)
 
     generator = torch.Generator().manual_seed(seed)
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=generator)]
@@ -122,23 +106,7 @@ def synthetic_segmentation_split(
     import numpy as np
     from monai.data.synthetic import create_test_image_2d, create_test_image_3d
 
-    if not _is_int(n) or n < 1:
-        raise ConfigError(f"n must be an integer >= 1, got {n!r}")
-    if (
-        not isinstance(shape, tuple)
-        or len(shape) not in (3, 4)
-        or not all(_is_int(s) for s in shape)
-        or shape[0] < 1
-        or min(shape[1:]) < 12
-    ):
-        raise ConfigError(
-            "shape must be (C, H, W) or (C, D, H, W) with C >= 1 and spatial sizes >= 12, "
-            f"got {shape!r}"
-        )
-    if not _is_int(num_classes) or num_classes < 2:
-        raise ConfigError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-    if not _is_int(seed) or seed < 0:
-        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+    _check_args(n, shape, num_classes, seed, least_side=12)
     if not _is_int(num_objects) or num_objects < 1:
         raise ConfigError(f"num_objects must be an integer >= 1, got {num_objects!r}")
     if not isinstance(noise, int | float) or not 0 <= noise < 1:
@@ -169,3 +137,26 @@ def synthetic_segmentation_split(
         masks.append(torch.from_numpy(np.ascontiguousarray(mask).astype(np.int64)))
     stacked = torch.stack(images).unsqueeze(1).expand(n, channels, *spatial).contiguous()
     return DataSplit(images=stacked.clamp_(0.0, 1.0), labels=torch.stack(masks).unsqueeze(1))
+
+
+def _check_args(
+    n: object, shape: object, num_classes: object, seed: object, *, least_side: int
+) -> None:
+    """The arguments both generators share, each named when it is out of range."""
+    if not _is_int(n) or n < 1:
+        raise ConfigError(f"n must be an integer >= 1, got {n!r}")
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) not in (3, 4)
+        or not all(_is_int(s) for s in shape)
+        or shape[0] < 1
+        or min(shape[1:]) < least_side
+    ):
+        raise ConfigError(
+            "shape must be (C, H, W) or (C, D, H, W) with C >= 1 and spatial sizes >= "
+            f"{least_side}, got {shape!r}"
+        )
+    if not _is_int(num_classes) or num_classes < 2:
+        raise ConfigError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    if not _is_int(seed) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
