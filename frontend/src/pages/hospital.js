@@ -7,7 +7,9 @@ import { isConsortiumAdmin, poll } from "../app.js";
 import { ago, badge, busy, el, latest, swap, toast } from "../ui.js";
 import {
   agentText,
+  classCounts,
   connectionBadge,
+  hasMasks,
   hospitalStatusBadge,
   imageShapeText,
   showCode,
@@ -240,7 +242,9 @@ function dataset(summary, problem) {
   if (!summary || !Object.keys(summary).length) {
     return el("p", { class: "muted" }, "The agent has not reported a dataset yet.");
   }
-  const counts = summary.label_counts || {};
+  // A segmentation set reports the masks each class appears in (a mask holds several).
+  const masks = hasMasks(summary);
+  const counts = classCounts(summary) || {};
   const labels = Object.keys(counts);
   const numeric = labels.every((l) => /^\d+$/.test(l));
   labels.sort((a, b) => (numeric ? Number(a) - Number(b) : a.localeCompare(b)));
@@ -251,14 +255,18 @@ function dataset(summary, problem) {
     keyValues([
       ["Image shape", imageShapeText(summary)],
       ["Splits", splitSizesText(summary)],
-      ["Labelled samples", String(total)],
+      masks ? ["Masks (segmentation)", String(summary.masks ?? "–")] : ["Labelled samples", String(total)],
     ]),
     labels.length
       ? el(
           "table",
           { style: "margin-top: .8rem" },
-          el("caption", {}, "Samples per label"),
-          el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Label"), el("th", { scope: "col" }, "Samples"))),
+          el("caption", {}, masks ? "Masks in which each class appears" : "Samples per label"),
+          el(
+            "thead",
+            {},
+            el("tr", {}, el("th", { scope: "col" }, masks ? "Class" : "Label"), el("th", { scope: "col" }, masks ? "Masks" : "Samples")),
+          ),
           el(
             "tbody",
             {},

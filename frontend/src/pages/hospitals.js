@@ -85,8 +85,14 @@ export function imageShapeText(summary) {
   return Array.isArray(shape) && shape.length ? shape.join(" × ") : "–";
 }
 
+/** Whether a dataset summary is a segmentation set's (a mask per image). */
+export const hasMasks = (summary) => summary?.task === "segmentation";
+
+/** Samples per label, or for a segmentation set the masks each class appears in. */
+export const classCounts = (summary) => (hasMasks(summary) ? summary?.mask_classes : summary?.label_counts);
+
 export function labelCountsText(summary, max = 6) {
-  const counts = summary?.label_counts;
+  const counts = classCounts(summary);
   if (!counts || !Object.keys(counts).length) return "–";
   const labels = sortedLabels(counts);
   const parts = labels.map((label) => `${label}: ${counts[label]}`);
@@ -112,7 +118,7 @@ export function datasetCell(summary) {
     "div",
     { class: "dataset" },
     el("div", {}, el("span", { class: "muted" }, "image "), imageShapeText(summary)),
-    el("div", { title: all }, el("span", { class: "muted" }, "labels "), labels),
+    el("div", { title: all }, el("span", { class: "muted" }, hasMasks(summary) ? "masks by class " : "labels "), labels),
     el("div", {}, el("span", { class: "muted" }, "splits "), splitSizesText(summary)),
   );
 }
