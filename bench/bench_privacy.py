@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Mapping
@@ -36,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from report import table, today
+from report import command_line, environment, table, today
 
 from medsplit.data import DataSplit, load_medmnist
 from medsplit.models import build_model
@@ -241,20 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     datasets = measure(args)
     result = {
         "date": today(),
-        "command": " ".join(
-            [".venv/bin/python bench/bench_privacy.py"]
-            + [a for a in (sys.argv[1:] if argv is None else argv) if a != "--json"]
-        ),
+        "command": command_line("bench_privacy.py", argv),
         "train_steps": args.train_steps,
         "steps": args.steps,
         "datasets": datasets,
-        "env": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "cpus": len(os.sched_getaffinity(0)),
-            "machine": platform.machine(),
-        },
+        "env": environment(),
         "seconds": time.perf_counter() - start,
     }
     print(json.dumps(result, indent=2) if args.json else markdown(result))

@@ -53,8 +53,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -64,7 +62,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from report import table, today
+from report import command_line, environment, table, today
 
 from medsplit.channel import InMemoryChannel
 from medsplit.data import DataSplit, shard, synthetic_segmentation_split
@@ -475,18 +473,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{part} done in {parts[part]['seconds']:.0f} s")
     result = {
         "date": today(),
-        "command": " ".join(
-            [".venv/bin/python bench/bench_segmentation.py"]
-            + [a for a in (sys.argv[1:] if argv is None else argv) if a != "--json"]
-        ),
+        "command": command_line("bench_segmentation.py", argv),
         "parts": parts,
-        "env": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "cpus": len(os.sched_getaffinity(0)),
-            "machine": platform.machine(),
-        },
+        "env": environment(),
         "seconds": time.perf_counter() - start,
     }
     print(json.dumps(result, indent=2) if args.json else markdown(result))

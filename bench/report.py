@@ -13,8 +13,12 @@ Imported by name (``from report import ...``), like ``platform_setup``.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import platform
 import re
+import sys
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 class SectionError(ValueError):
@@ -32,6 +36,26 @@ def end_marker(name: str) -> str:
 def today() -> str:
     """The date a figure was measured, as the tables show it (UTC)."""
     return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command a result was measured with, as its section quotes it (without
+    ``--json``, which changes only how it is printed)."""
+    given = sys.argv[1:] if argv is None else argv
+    return " ".join([f".venv/bin/python bench/{script}", *(a for a in given if a != "--json")])
+
+
+def environment() -> dict[str, Any]:
+    """What a result was measured on: Python, torch and its threads, the CPUs, the machine."""
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "machine": platform.machine(),
+    }
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -17,7 +17,6 @@ it keeps its classes.
 
 from __future__ import annotations
 
-import csv
 import os
 from collections import Counter
 from pathlib import Path
@@ -35,6 +34,7 @@ from hospital_agent.data.sources import (
     _read_synthetic,
     check_job,
     read_image,
+    two_column_rows,
 )
 from medsplit.data import DataSplit
 
@@ -167,45 +167,19 @@ def _pairs_from_csv(folder: Path, csv_path: Path, problems: Problems) -> list[tu
         return []
     pairs: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
-    try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None or tuple(c.strip().lower() for c in header) != MASKS_CSV_HEADER:
-                problems.add(
-                    csv_name, f"the first row must be the header {','.join(MASKS_CSV_HEADER)}"
-                )
-                return []
-            for fields in reader:
-                number = reader.line_num
-                if not fields or all(not c.strip() for c in fields):
-                    continue
-                where = f"{csv_path.name} row {number}"
-                if len(fields) != 2:
-                    problems.add(csv_name, f"{where}: expected 2 columns, got {len(fields)}")
-                    continue
-                image, mask = fields[0].strip(), fields[1].strip()
-                if not image or not mask:
-                    problems.add(csv_name, f"{where}: an image and a mask file are both needed")
-                    continue
-                outside = [
-                    p for p in (image, mask) if Path(p).is_absolute() or ".." in Path(p).parts
-                ]
-                if outside:
-                    problems.add(
-                        csv_name, f"{where}: {outside[0]!r} must be a name inside the folder"
-                    )
-                    continue
-                if image in seen:
-                    problems.add(
-                        csv_name, f"{where}: {image!r} is listed again (row {seen[image]})"
-                    )
-                    continue
-                seen[image] = number
-                pairs.append((os.fspath(folder / image), os.fspath(folder / mask)))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        problems.add(csv_name, f"cannot be read as a CSV file ({type(e).__name__})")
-        return []
+    for number, where, image, mask in two_column_rows(csv_path, MASKS_CSV_HEADER, problems):
+        if not image or not mask:
+            problems.add(csv_name, f"{where}: an image and a mask file are both needed")
+            continue
+        outside = [p for p in (image, mask) if Path(p).is_absolute() or ".." in Path(p).parts]
+        if outside:
+            problems.add(csv_name, f"{where}: {outside[0]!r} must be a name inside the folder")
+            continue
+        if image in seen:
+            problems.add(csv_name, f"{where}: {image!r} is listed again (row {seen[image]})")
+            continue
+        seen[image] = number
+        pairs.append((os.fspath(folder / image), os.fspath(folder / mask)))
     return pairs
 
 

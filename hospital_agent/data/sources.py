@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -364,13 +365,41 @@ def _read_labels(source: DataSource, problems: Problems) -> list[tuple[int, str,
         return []
     rows: list[tuple[int, str, int]] = []
     seen: dict[str, int] = {}
+    for number, where, file, text in two_column_rows(csv_path, CSV_HEADER, problems):
+        try:
+            label = int(text)
+        except ValueError:
+            problems.add(csv_name, f"{where}: the label is not an integer")
+            continue
+        if not file:
+            problems.add(csv_name, f"{where}: no file name")
+            continue
+        if Path(file).is_absolute() or ".." in Path(file).parts:
+            problems.add(csv_name, f"{where}: {file!r} must be a name inside the folder")
+            continue
+        if file in seen:
+            problems.add(csv_name, f"{where}: {file!r} is listed again (row {seen[file]})")
+            continue
+        seen[file] = number
+        rows.append((number, file, label))
+    return rows
+
+
+def two_column_rows(
+    csv_path: Path, header: tuple[str, str], problems: Problems
+) -> Iterator[tuple[int, str, str, str]]:
+    """``(row number, where, first, second)`` of each non-blank row of a two-column CSV
+    whose first row is ``header``, cells stripped, in file order (so the caller's problems
+    and these stay in row order); a wrong header, a row of another width or a file that
+    cannot be read is a problem added here."""
+    csv_name = os.fspath(csv_path)
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None or tuple(c.strip().lower() for c in header) != CSV_HEADER:
-                problems.add(csv_name, f"the first row must be the header {','.join(CSV_HEADER)}")
-                return []
+            first = next(reader, None)
+            if first is None or tuple(c.strip().lower() for c in first) != header:
+                problems.add(csv_name, f"the first row must be the header {','.join(header)}")
+                return
             for fields in reader:
                 number = reader.line_num
                 if not fields or all(not c.strip() for c in fields):
@@ -379,27 +408,9 @@ def _read_labels(source: DataSource, problems: Problems) -> list[tuple[int, str,
                 if len(fields) != 2:
                     problems.add(csv_name, f"{where}: expected 2 columns, got {len(fields)}")
                     continue
-                file, text = fields[0].strip(), fields[1].strip()
-                try:
-                    label = int(text)
-                except ValueError:
-                    problems.add(csv_name, f"{where}: the label is not an integer")
-                    continue
-                if not file:
-                    problems.add(csv_name, f"{where}: no file name")
-                    continue
-                if Path(file).is_absolute() or ".." in Path(file).parts:
-                    problems.add(csv_name, f"{where}: {file!r} must be a name inside the folder")
-                    continue
-                if file in seen:
-                    problems.add(csv_name, f"{where}: {file!r} is listed again (row {seen[file]})")
-                    continue
-                seen[file] = number
-                rows.append((number, file, label))
+                yield number, where, fields[0].strip(), fields[1].strip()
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         problems.add(csv_name, f"cannot be read as a CSV file ({type(e).__name__})")
-        return []
-    return rows
 
 
 def _read_folder(

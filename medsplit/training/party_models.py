@@ -9,6 +9,7 @@ Only that model's front is used: its first segment, cut where the party's entry 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -23,7 +24,8 @@ from medsplit.training.setup import JobModel
 KEYS = ("model", "model_args", "input_shape", "cut")
 #: The most parties a job's ``party_models`` may name (the coordinator's participant cap).
 MAX_PARTY_MODELS = 64
-#: The most values one record of a party's own input may have (as the coordinator's).
+#: The most values one record of a party's own input may have (the coordinator traces a
+#: model at no larger input either).
 MAX_INPUT_VALUES = 2**21
 
 
@@ -128,9 +130,7 @@ def spec_problems(data: object) -> list[str]:
                 f"or (C, H, W, D) for images), got {shape!r}"
             )
         else:
-            values = 1
-            for d in shape:
-                values *= d
+            values = math.prod(shape)
             if values > MAX_INPUT_VALUES:
                 problems.append(
                     f"input_shape {list(shape)} has {values} values a record, more than "

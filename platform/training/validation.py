@@ -59,13 +59,12 @@ from medsplit.models.factory import (
 from medsplit.models.registry import build_model, get_model_spec
 from medsplit.modes import MODES, SplitMode
 from medsplit.training.description import FORMAT, MAX_SEED, JobDescription
+from medsplit.training.party_models import MAX_INPUT_VALUES  # one sample's largest input
 from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, TASKS, check_model_output
 from medsplit.training.vertical_parts import job_vertical_model
 from training.apps import MODEL_MODULES_SETTING
 from training.models import OnFailure
 
-#: Largest input one sample may have when the coordinator traces a model for it.
-MAX_INPUT_VALUES = 2**21
 #: Most parameters a ``MODULE:FACTORY`` model may have for the coordinator to build it
 #: (1 GiB of float32; the largest registry model, DenseNet121, has 7 million).
 MAX_FACTORY_PARAMETERS = 2**28
