@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from medsplit.defenses import PrivacyOptions, PrivacyOptionsError, privacy_problems
 from medsplit.errors import ConfigError
-from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
+from medsplit.modes import DEFAULT_MODE, Side, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.augment import Augmentation, check_augmentation
 from medsplit.training.tasks import DEFAULT_TASK, LossFn, get_task, loss_name, make_loss
@@ -48,6 +49,8 @@ class TrainingConfig:
         augmentation: MONAI random transforms applied to every training batch, drawn per
             step from the seed (:mod:`medsplit.training.augment`); normalised, parameters
             filled in; empty: none. Not for a mode whose parties hold different features.
+        privacy: the measurements and defenses each hospital runs
+            (:mod:`medsplit.defenses.options`); all off by default.
     """
 
     cuts: tuple[str, ...]
@@ -66,6 +69,7 @@ class TrainingConfig:
     task: str = DEFAULT_TASK
     loss: str = ""
     augmentation: Augmentation = field(default=(), hash=False)
+    privacy: PrivacyOptions = field(default_factory=PrivacyOptions, hash=False)
 
     def __post_init__(self) -> None:
         mode = get_mode(self.mode)  # UnknownModeError, a ConfigError, lists the known ones
@@ -77,6 +81,12 @@ class TrainingConfig:
         object.__setattr__(self, "augmentation", check_augmentation(self.augmentation))
         if self.augmentation and mode.feature_sets:
             raise ConfigError(VERTICAL_AUGMENTATION)
+        if not isinstance(self.privacy, PrivacyOptions):
+            raise ConfigError(f"privacy must be a PrivacyOptions, got {self.privacy!r}")
+        labels_at_server = self.split_mode.labels == Side.SERVER
+        _, reasons = privacy_problems(self.privacy.to_json(), labels_at_server=labels_at_server)
+        if reasons:
+            raise PrivacyOptionsError(reasons)
         for name in ("batch_size", "local_epochs", "rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from medsplit.defenses import PrivacyOptions, privacy_problems
 from medsplit.errors import ConfigError, UnknownModeError, UnknownModelError
 from medsplit.models import get_model_spec, is_factory_name, model_names
 from medsplit.models.factory import canonical_model_args, factory_module
-from medsplit.modes import DEFAULT_MODE, SplitMode, get_mode
+from medsplit.modes import DEFAULT_MODE, Side, SplitMode, get_mode
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.augment import Augmentation, augmentation_json, augmentation_problems
 from medsplit.training.config import VERTICAL_AUGMENTATION, TrainingConfig
@@ -38,12 +39,13 @@ from medsplit.wire.codecs import CODECS
 #: The version of the JSON form this code writes and reads. A party refuses any other
 #: one rather than guess at it; a change of meaning, a field added or one taken away
 #: bumps it (and the coordinator's migration carries stored jobs over).
-FORMAT = 3
+FORMAT = 4
 #: The versions this code reads, each carried over to :data:`FORMAT` as it is read: 1 is
 #: 2 without ``model_args`` (none: the registry models of its day take none); 2 is 3
 #: without the fields :data:`_NEW_IN_3` (each at its default: ``party_models`` none, so
-#: every vertical party ran the job's model; the task classification; no augmentation).
-READS = (1, 2, FORMAT)
+#: every vertical party ran the job's model; the task classification; no augmentation);
+#: 3 is 4 without ``privacy`` (no measurement, no defense).
+READS = (1, 2, 3, FORMAT)
 
 #: The largest seed (it seeds torch's generators and fits PostgreSQL's integer).
 MAX_SEED = 2**31 - 1
@@ -99,6 +101,9 @@ class JobDescription:
         augmentation: MONAI random transforms on every training batch, drawn per step
             from the seed (:mod:`medsplit.training.augment`): a list of
             ``{"name": NAME, PARAM: VALUE}``, parameters filled in; empty: none.
+        privacy: what each hospital measures of its exposure and which defenses it
+            applies (:mod:`medsplit.defenses.options`); all off by default, and any
+            defense on makes the job inexact against unsplit training.
         version: the JSON form's version, :data:`FORMAT`.
 
     Raises:
@@ -126,6 +131,7 @@ class JobDescription:
     task: str = DEFAULT_TASK
     loss: str = ""
     augmentation: Augmentation = ()
+    privacy: PrivacyOptions = field(default_factory=PrivacyOptions)
     version: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -164,6 +170,7 @@ class JobDescription:
             "task": self.task,
             "loss": self.loss,
             "augmentation": augmentation_json(self.augmentation),
+            "privacy": self.privacy.to_json(),
         }
 
     @classmethod
@@ -267,6 +274,7 @@ class JobDescription:
             task=self.task,
             loss=self.loss,
             augmentation=self.augmentation,
+            privacy=self.privacy,
         )
 
     @property
@@ -300,15 +308,20 @@ _FIELDS = (
     "task",
     "loss",
     "augmentation",
+    "privacy",
 )
+#: The fields version 4 added (version 3 is read with them at their defaults).
+_NEW_IN_4 = ("privacy",)
+#: The fields of version 3.
+_FIELDS_3 = tuple(name for name in _FIELDS if name not in _NEW_IN_4)
 #: The fields version 3 added (version 2 is read with them at their defaults).
 _NEW_IN_3 = ("party_models", "task", "loss", "augmentation")
 #: The fields of version 2.
-_FIELDS_2 = tuple(name for name in _FIELDS if name not in _NEW_IN_3)
+_FIELDS_2 = tuple(name for name in _FIELDS_3 if name not in _NEW_IN_3)
 #: The fields of version 1.
 _FIELDS_1 = tuple(name for name in _FIELDS_2 if name != "model_args")
 #: The fields each version read takes.
-_KNOWN = {1: _FIELDS_1, 2: _FIELDS_2, FORMAT: _FIELDS}
+_KNOWN = {1: _FIELDS_1, 2: _FIELDS_2, 3: _FIELDS_3, FORMAT: _FIELDS}
 _REQUIRED = ("model", "spatial_dims", "in_channels", "num_classes", "input_shape", "cuts")
 #: The integer fields and their least value.
 _AT_LEAST = {
@@ -354,6 +367,8 @@ def _parse(data: Mapping[str, Any], problems: dict[str, list[str]]) -> dict[str,
             ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
         elif name == "augmentation":
             ok = isinstance(value, list | tuple)  # its items: _check_augmentation
+        elif name == "privacy":
+            ok = isinstance(value, Mapping | PrivacyOptions)  # its parts: _check_privacy
         else:  # the optimizers
             try:
                 value = OptimizerConfig.from_json(value)
@@ -424,6 +439,7 @@ def _check(
             mode = mode.with_options(normal["mode_options"])
         _check_cuts(mode, values, problems, normal, present)
     _check_augmentation(mode, values, problems, normal, present)
+    _check_privacy(mode, values, problems, normal, present)
     return normal
 
 
@@ -627,3 +643,19 @@ def _check_augmentation(mode: SplitMode | None, values, problems, normal, presen
         _add(problems, "augmentation", VERTICAL_AUGMENTATION)
     if not reasons:
         normal["augmentation"] = augmentation
+
+
+def _check_privacy(mode: SplitMode | None, values, problems, normal, present) -> None:
+    """The privacy options: known parts and settings in range, each defense where the
+    mode's labels make it mean something."""
+    if not present("privacy"):
+        return
+    given = values["privacy"]
+    if isinstance(given, PrivacyOptions):
+        given = given.to_json()
+    labels_at_server = None if mode is None else mode.labels == Side.SERVER
+    options, reasons = privacy_problems(given, labels_at_server=labels_at_server)
+    for reason in reasons:
+        _add(problems, "privacy", reason)
+    if options is not None:
+        normal["privacy"] = options

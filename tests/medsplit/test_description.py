@@ -84,7 +84,7 @@ def test_the_json_form_round_trips_through_text() -> None:
     back = JobDescription.from_json(json.loads(text))
     assert back == description
     assert back.to_json() == description.to_json()
-    assert back.to_json()["version"] == FORMAT == 3
+    assert back.to_json()["version"] == FORMAT == 4
 
 
 def test_defaults_are_filled_in() -> None:
@@ -111,19 +111,19 @@ def test_it_gives_todays_training_config_and_model() -> None:
     assert description.split_mode is MODES["vanilla"]
 
 
-@pytest.mark.parametrize("version", [0, 4, "1", None, True, 1.0, 2.0])
+@pytest.mark.parametrize("version", [0, 5, "1", None, True, 1.0, 2.0])
 def test_another_version_is_refused_before_anything_else(version) -> None:
     # The fields of another version mean what that version says: none is looked at.
     problems = problems_of(described(version=version, model="alexnet", cuts=[]))
     assert list(problems) == ["version"]
-    if version is True or version in (1, 2, 3):  # 1.0 == 1 == True: only integers are read
-        assert "is not one this party reads (it reads 1, 2, 3)" in problems["version"][0]
+    if version is True or version in (1, 2, 3, 4):  # 1.0 == 1 == True: only integers are read
+        assert "is not one this party reads (it reads 1, 2, 3, 4)" in problems["version"][0]
 
 
 def test_a_missing_version_is_refused() -> None:
     data = described()
     del data["version"]
-    assert problems_of(data) == {"version": ["required: the JSON form's version (3 here)"]}
+    assert problems_of(data) == {"version": ["required: the JSON form's version (4 here)"]}
 
 
 def test_version_1_is_read_as_today_s() -> None:
@@ -408,3 +408,62 @@ def test_augmentation_is_refused_where_it_cannot_be_done_right() -> None:
     )
     assert list(vertical) == ["augmentation"]
     assert "parties hold different features of the same records" in vertical["augmentation"][0]
+
+
+def test_version_3_is_read_as_today_s() -> None:
+    """Version 3 (before privacy) reads as today's form, every measurement and defense off;
+    privacy is not one of its fields."""
+    description = JobDescription.from_json(described(version=3))
+    assert description == JobDescription.from_json(described())
+    assert description.to_json()["privacy"] == {} and not description.privacy.defended
+    problems = problems_of(described(version=3, privacy={}))
+    assert list(problems) == ["privacy"] and "unknown field" in problems["privacy"][0]
+
+
+def test_privacy_options_round_trip_and_reach_the_training_config() -> None:
+    privacy = {
+        "activation_noise": {"clip_norm": 2.0, "target_epsilon": 8.0},
+        "nopeek": {"weight": 0.5},
+        "label_noise": {"epsilon": 1.0},
+        "audit": {"every_rounds": 2},
+    }
+    description = JobDescription.from_json(described(privacy=privacy))
+    assert description.privacy.defended and description.privacy.audit.every_rounds == 2
+    form = description.to_json()["privacy"]
+    assert form["activation_noise"] == {
+        "clip_norm": 2.0,
+        "noise_multiplier": None,
+        "target_epsilon": 8.0,
+        "delta": 1e-5,
+    }
+    back = JobDescription.from_json(json.loads(json.dumps(description.to_json())))
+    assert back == description
+    assert description.training_config("job-1").privacy == description.privacy
+
+
+def test_privacy_problems_name_the_setting_and_the_mode() -> None:
+    problems = problems_of(
+        described(
+            mode="ushaped",
+            cuts=["pool1", "pool"],
+            privacy={
+                "activation_noise": {"clip_norm": -1, "noise_multiplier": 1.0},
+                "label_noise": {"epsilon": 1.0},
+                "magic": {},
+            },
+        )
+    )
+    reasons = " / ".join(problems["privacy"])
+    assert "unknown part 'magic'" in reasons
+    assert "activation_noise.clip_norm must be a number > 0, got -1" in reasons
+    # U-shaped keeps its labels at home: randomising labels that never travel is refused.
+    ushaped = problems_of(
+        described(mode="ushaped", cuts=["pool1", "pool"], privacy={"label_noise": {}})
+    )
+    assert "label_noise protects labels that travel" in ushaped["privacy"][0]
+    vanilla = problems_of(described(privacy={"gradient_noise": {"scale": 0.5}}))
+    assert "gradient_noise protects the labels a hospital keeps" in vanilla["privacy"][0]
+    both = problems_of(described(privacy={"activation_noise": {"clip_norm": 1.0}}))
+    assert "exactly one of noise_multiplier" in both["privacy"][0]
+    typo = problems_of(described(privacy={"nopeek": {"wieght": 1}}))
+    assert "nopeek has no setting 'wieght' (it takes weight)" in typo["privacy"][0]

@@ -200,6 +200,7 @@ def test_the_cut_table_of_a_listed_factory(admin, coordinator_lists) -> None:
 # -- the migration ----------------------------------------------------------------------
 
 VERSION_3 = importlib.import_module("training.migrations.0013_description_version_3")
+VERSION_4 = importlib.import_module("training.migrations.0014_description_version_4")
 BEFORE = [("training", "0009_secure_aggregation")]
 AFTER = [("training", "0010_model_args")]
 
@@ -210,7 +211,7 @@ def _model(executor: MigrationExecutor, target: list[tuple[str, str]]):
 
 @pytest.mark.django_db(transaction=True)
 def test_stored_descriptions_become_version_2_and_back(job_data) -> None:
-    later = ("model_args", *VERSION_3.ADDED)  # fields of versions 2 and 3
+    later = ("model_args", *VERSION_3.ADDED, *VERSION_4.ADDED)  # fields of versions 2-4
     today = job_spec_validate(data=job_data()).description.to_json()
     version_1 = {k: v for k, v in today.items() if k not in later}
     version_1["version"] = 1

@@ -17,6 +17,7 @@ from medsplit.training.description import JobDescription
 pytestmark = pytest.mark.django_db(transaction=True)
 
 VERSION_3 = importlib.import_module("training.migrations.0013_description_version_3")
+VERSION_4 = importlib.import_module("training.migrations.0014_description_version_4")
 
 BEFORE = [("training", "0007_turn_group")]
 AFTER = [("training", "0008_job_description")]
@@ -57,12 +58,13 @@ def test_an_existing_job_gets_the_description_its_columns_held_and_back() -> Non
         job = _model(executor, AFTER).objects.get(pk=old.pk)
         described = JobDescription.from_json(job.description)
         # Already normal, every field: version 1 (0010_model_args makes it version 2,
-        # 0013_description_version_3 version 3).
+        # 0013_description_version_3 version 3, 0014_description_version_4 version 4).
         assert described.to_json() == {
             **job.description,
-            "version": 3,
+            "version": 4,
             "model_args": {},
             **VERSION_3.ADDED,
+            **VERSION_4.ADDED,
         }
         assert described.training_config(f"job-{job.pk}") == TrainingConfig(
             cuts=("pool1", "pool"),
@@ -110,6 +112,10 @@ def test_version_2_descriptions_become_version_3_and_back_unless_they_use_it() -
             "cuts": ["pool1"],
         }
     ).to_json()
+    description = {
+        **{k: v for k, v in description.items() if k not in VERSION_4.ADDED},
+        "version": 3,
+    }
     stored = {k: v for k, v in description.items() if k not in VERSION_3.ADDED}
     old = Job.objects.create(
         name="old",
@@ -125,7 +131,11 @@ def test_version_2_descriptions_become_version_3_and_back_unless_they_use_it() -
         executor.migrate(after)
         job = _model(executor, after).objects.get(pk=old.pk)
         assert job.description == description  # every added field at its default
-        assert JobDescription.from_json(job.description).to_json() == description
+        assert JobDescription.from_json(job.description).to_json() == {
+            **description,
+            **VERSION_4.ADDED,
+            "version": 4,
+        }
 
         executor = MigrationExecutor(connection)
         executor.migrate(before)
@@ -138,6 +148,53 @@ def test_version_2_descriptions_become_version_3_and_back_unless_they_use_it() -
         using.save(update_fields=["description"])
         with pytest.raises(RuntimeError, match=r"jobs \[\d+\] use fields of version 3"):
             MigrationExecutor(connection).migrate(before)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_version_3_descriptions_become_version_4_and_back_unless_they_use_privacy() -> None:
+    before = [("training", VERSION_3.__name__.rsplit(".", 1)[-1])]
+    after = [("training", VERSION_4.__name__.rsplit(".", 1)[-1])]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    Job = _model(executor, before)
+    today = JobDescription.from_json(
+        {
+            "version": 4,
+            "model": "small_cnn",
+            "spatial_dims": 2,
+            "in_channels": 1,
+            "num_classes": 2,
+            "input_shape": [1, 28, 28],
+            "cuts": ["pool1"],
+        }
+    ).to_json()
+    version_3 = {**{k: v for k, v in today.items() if k not in VERSION_4.ADDED}, "version": 3}
+    old = Job.objects.create(
+        name="old",
+        state="draft",
+        state_changed_at=timezone.now(),
+        model_name="small_cnn",
+        mode="vanilla",
+        rounds=1,
+        description=version_3,
+    )
+    try:
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+        job = _model(executor, after).objects.get(pk=old.pk)
+        assert job.description == today  # privacy at its default: all off
+        using = _model(executor, after).objects.get(pk=old.pk)
+        using.description = {**today, "privacy": {"nopeek": {"weight": 0.5}}}
+        using.save(update_fields=["description"])
+        with pytest.raises(RuntimeError, match=r"jobs \[\d+\] use the privacy options"):
+            MigrationExecutor(connection).migrate(before)
+        using.description = today
+        using.save(update_fields=["description"])
+        executor = MigrationExecutor(connection)
+        executor.migrate(before)
+        assert _model(executor, before).objects.get(pk=old.pk).description == version_3
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
