@@ -383,6 +383,7 @@ def registry_models(*, actor: Actor) -> list[dict[str, Any]]:
                 "description": spec.description,
                 "default_input_shape": list(spec.default_input_shape),
                 "default_cut": spec.default_cut,
+                "tasks": list(spec.tasks),
                 # Each mode picks its own from the model's data.
                 "default_cuts": {
                     name: list(mode.default_cuts(spec)) for name, mode in MODES.items()

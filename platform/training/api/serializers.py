@@ -625,6 +625,9 @@ class RegistryModelSerializer(serializers.Serializer):
     description = serializers.CharField()
     default_input_shape = serializers.ListField(child=serializers.IntegerField())
     default_cut = serializers.CharField()
+    tasks = serializers.ListField(
+        child=serializers.CharField(), help_text="the tasks the model learns (GET /api/tasks/)"
+    )
     default_cuts = serializers.DictField(
         child=serializers.ListField(child=serializers.CharField()),
         help_text="the model's default cuts in each mode, by the mode's name",

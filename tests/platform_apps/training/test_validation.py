@@ -32,7 +32,8 @@ def test_a_valid_job_is_normalised(job_data, three_hospitals) -> None:
     assert d.cuts == ("pool1",) and d.mode == "vanilla"
     assert d.client_optimizer.momentum == 0.9
     stored = d.to_json()
-    assert stored["version"] == 3 and stored["mode_options"] == {} and stored["model_args"] == {}
+    assert stored["version"] == 4 and stored["mode_options"] == {} and stored["model_args"] == {}
+    assert stored["privacy"] == {}  # no measurement, no defense
     assert (stored["task"], stored["loss"]) == ("classification", "")
     assert stored["augmentation"] == []
     assert stored["client_optimizer"]["schedule"] == "constant"  # defaults filled in

@@ -79,6 +79,9 @@ def test_models_lists_the_registry(admin, olga) -> None:
         assert response.status_code == 200
         small = {m["name"]: m for m in response.json()}["small_cnn"]
         assert small["default_input_shape"] == [1, 28, 28] and small["default_cut"] == "pool1"
+        # The job form offers a segmentation job only the models that segment.
+        tasks = {m["name"]: m["tasks"] for m in response.json()}
+        assert tasks["small_cnn"] == ["classification"] and "segmentation" in tasks["unet"]
         # Each mode picks the model's default cuts (medsplit.modes.SplitMode.default_cuts).
         assert small["default_cuts"] == {
             "vanilla": ["pool1"],
