@@ -253,6 +253,20 @@ export async function render(root, [id], session) {
     stateSince,
   );
 
+  // The job's result document (platform/reports/): a page of the coordinator, and the
+  // same document as one self-contained HTML file to keep.
+  const documentLinks = el(
+    "p",
+    { class: "job-document", "data-testid": "job-document-links" },
+    el("a", { href: `/jobs/${jobId}/document/`, "data-testid": "job-document" }, "Result document"),
+    " · ",
+    el(
+      "a",
+      { href: `/jobs/${jobId}/document/download/`, download: "", "data-testid": "job-document-download" },
+      "download it (one HTML file, charts included)",
+    ),
+  );
+
   const buttons = new Map();
   const reason = el("input", { id: "job-action-reason", name: "reason", maxlength: "2000", placeholder: "recorded in the audit log" });
   const actionError = el("p", { class: "form-error", role: "alert" });
@@ -350,6 +364,7 @@ export async function render(root, [id], session) {
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
     title,
     head,
+    documentLinks,
     updated,
     controls || "", // append(null) would show "null"
     stats,
