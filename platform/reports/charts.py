@@ -88,7 +88,13 @@ def validation_chart(
     return _data_uri(figure)
 
 
-def bars_chart(labels: Sequence[str], groups: Mapping[str, Sequence[float]], ylabel: str) -> str:
+def bars_chart(
+    labels: Sequence[str],
+    groups: Mapping[str, Sequence[float]],
+    ylabel: str,
+    *,
+    ylim: tuple[float, float] | None = None,
+) -> str:
     """Grouped bars: one group per label, one bar per named series."""
     figure = _figure()
     axes = figure.add_subplot()
@@ -99,6 +105,8 @@ def bars_chart(labels: Sequence[str], groups: Mapping[str, Sequence[float]], yla
         axes.bar(xs, values, width=width, label=name, color=colour(i))
     axes.set_xticks(range(len(labels)), labels)
     axes.set_ylabel(ylabel)
+    if ylim is not None:
+        axes.set_ylim(*ylim)
     if groups:
         axes.legend(fontsize="small")
     return _data_uri(figure)

@@ -53,7 +53,41 @@ def document_charts(document: JobDocument) -> dict[str, str]:
             },
             "bytes",
         )
+    results = results_chart(document)
+    if results:
+        drawn["results"] = results
     return drawn
+
+
+def results_chart(document: JobDocument) -> str | None:
+    """The final figures of the hospitals the reader sees and their weighted mean, as
+    bars (a figure not measured is left out: NaN draws nothing), or None before any."""
+    results = document.results
+    shown = [
+        h
+        for h in results.get("hospitals", [])
+        if h.get("status") == "completed" and "test_samples" in h
+    ]
+    mean = results.get("weighted_mean")
+    columns = [*shown, *([mean] if mean else [])]
+    if not columns:
+        return None
+    labels = [h["name"] for h in shown] + (["weighted mean"] if mean else [])
+    names = (
+        {"dice": "mean Dice"}
+        if results.get("task") == "segmentation"
+        else {
+            "accuracy": "accuracy",
+            "baseline_accuracy": "majority-class baseline",
+            "auc": "ROC AUC",
+        }
+    )
+    nan = float("nan")
+    groups = {
+        label: [c.get(name) if isinstance(c.get(name), int | float) else nan for c in columns]
+        for name, label in names.items()
+    }
+    return charts.bars_chart(labels, groups, "on the test sets", ylim=(0, 1))
 
 
 def validation_rows(document: JobDocument) -> list[tuple[str, list[dict[str, Any]]]]:

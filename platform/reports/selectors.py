@@ -22,8 +22,8 @@ from kernel.actors import Actor
 from kernel.permissions import sees_participant_in_full
 from medsplit.training.tasks import DEFAULT_TASK, TASKS
 from reports.privacy import PrivacySection, privacy_section
-from training.models import HandOff, Job, Turn
-from training.selectors import job_get, job_loss_series, job_turns
+from training.models import HandOff, HospitalEvaluation, Job, Turn
+from training.selectors import job_get, job_loss_series, job_results, job_turns
 from training.states import TERMINAL
 
 #: The metric a task's turns report besides val_loss, and how the document names it.
@@ -62,6 +62,8 @@ class Traffic:
     bytes_down: int  # at the cut, worker to hospital
     handoff_bytes: int  # its sealed weights, to every other participant
     handoffs: int
+    evaluation_up: int  # at the cut, its evaluations of the final model
+    evaluation_down: int
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class JobDocument:
     loss_series: dict[str, Any]
     validation: dict[str, list[RoundMetrics]]  # slug -> by round, hospitals seen in full
     baselines: dict[str, float]  # slug -> majority-class share, hospitals seen in full
+    results: dict[str, Any]  # training.selectors.job_results: already filtered for the reader
     traffic: list[Traffic]
     privacy: PrivacySection
     audit: AuditSeal
@@ -112,6 +115,8 @@ class JobDocument:
             "bytes_up": sum(t.bytes_up for t in self.traffic),
             "bytes_down": sum(t.bytes_down for t in self.traffic),
             "handoff_bytes": sum(t.handoff_bytes for t in self.traffic),
+            "evaluation_up": sum(t.evaluation_up for t in self.traffic),
+            "evaluation_down": sum(t.evaluation_down for t in self.traffic),
         }
 
 
@@ -143,6 +148,7 @@ def job_document(*, actor: Actor, job_id: int) -> JobDocument:
             for p in participants
             if full[p.hospital.slug] and (share := majority_share(p.hospital)) is not None
         },
+        results=job_results(actor=actor, job_id=job.pk),
         traffic=_traffic(job, participants, full),
         privacy=privacy_section(job, actor),
         audit=audit_seal(job),
@@ -315,8 +321,8 @@ def _number(v: Any) -> float | None:
 
 
 def _traffic(job: Job, participants: list, full: dict[str, bool]) -> list[Traffic]:
-    """Bytes at the cut (every attempt of its turns: what crossed, crossed) and its
-    sealed hand-offs, per hospital the reader sees in full."""
+    """Bytes at the cut (every attempt of its turns: what crossed, crossed), its sealed
+    hand-offs and its evaluations (every attempt), per hospital the reader sees in full."""
     turns = {
         row["hospital_id"]: row
         for row in Turn.objects.filter(job=job)
@@ -329,11 +335,18 @@ def _traffic(job: Job, participants: list, full: dict[str, bool]) -> list[Traffi
         .values("sender_id")
         .annotate(size=Sum("size_bytes"), count=Count("id"))
     }
+    evaluated = {
+        row["hospital_id"]: row
+        for row in HospitalEvaluation.objects.filter(job=job)
+        .values("hospital_id")
+        .annotate(up=Sum("bytes_up"), down=Sum("bytes_down"))
+    }
     rows = []
     for p in participants:
         if not full[p.hospital.slug]:
             continue
         t, h = turns.get(p.hospital_id, {}), sealed.get(p.hospital_id, {})
+        e = evaluated.get(p.hospital_id, {})
         rows.append(
             Traffic(
                 slug=p.hospital.slug,
@@ -342,6 +355,8 @@ def _traffic(job: Job, participants: list, full: dict[str, bool]) -> list[Traffi
                 bytes_down=t.get("down") or 0,
                 handoff_bytes=h.get("size") or 0,
                 handoffs=h.get("count") or 0,
+                evaluation_up=e.get("up") or 0,
+                evaluation_down=e.get("down") or 0,
             )
         )
     return rows

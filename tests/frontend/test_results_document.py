@@ -22,6 +22,20 @@ def test_a_finished_jobs_page_links_to_its_document_which_shows_every_section(
     sign_in(page, consortium_admin.username)
     page.goto(f"/#/jobs/{finished_job.pk}")
     expect(page.get_by_test_id("job-state")).to_have_text("completed")
+    # The results beside the curves: each accuracy with its baseline, the weighted mean
+    # labelled as such, a hospital without a test set said so.
+    results = page.get_by_test_id("results")
+    rows = results.locator("tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0)).to_contain_text("accuracy 0.871 (majority class 0.625)")
+    expect(rows.nth(0)).to_contain_text("0.923")
+    expect(rows.nth(1)).to_contain_text("accuracy 0.712 (majority class 0.581)")
+    expect(rows.nth(2)).to_contain_text("no test set")
+    mean = results.get_by_test_id("results-weighted-mean")
+    expect(mean).to_contain_text("weighted by their test-set sizes (not pooled)")
+    expect(mean).to_contain_text("accuracy 0.803 (majority class 0.606)")
+    charts = page.get_by_role("region", name="Charts")
+    expect(charts.get_by_test_id("results")).to_be_visible()  # in the charts' grid
     screenshot(page, "job-results")
 
     with page.expect_download() as downloaded:

@@ -67,23 +67,28 @@ def test_the_downloaded_document_is_one_self_contained_file(
     for style in parsed.styles:  # no url(...) or @import to fetch from
         assert "url(" not in style and "@import" not in style
     images = [v for tag, name, v in parsed.references if tag == "img" and name == "src"]
-    assert len(images) == 3  # the loss, the validation and the traffic charts
+    assert len(images) == 4  # the loss, validation, final metrics and traffic charts
     for image in images:
         assert image.startswith("data:image/png;base64,")
         assert base64.b64decode(image.split(",", 1)[1]).startswith(PNG)
     anchors = {v[1:] for tag, name, v in parsed.references if v.startswith("#")}
     assert anchors and all(f'id="{a}"' in html for a in anchors)  # in-page, and there
 
-    for figures in FIGURES.values():  # every hospital's traffic, for a consortium admin
+    for figures in FIGURES.values():  # every hospital's part, for a consortium admin
         assert f"{2 * figures.bytes_up} B" in html
+        if figures.test is not None:
+            assert f"{figures.test['accuracy']:.4f}" in html
+    assert "weighted by their test-set sizes (not pooled)" in html
     assert "pneumonia screening" in html and "small_cnn" in html
 
 
 def test_the_document_holds_the_audit_head_at_the_end_of_the_job_and_its_verification(
     client_for, consortium_admin, finished_job
 ) -> None:
+    # The job's last row: its final model's evaluation at the last hospital, after the
+    # job completed.
     last = AuditEvent.objects.filter(job_id=finished_job.pk).order_by("-id").first()
-    assert last.action == "job.completed"
+    assert last.action == "evaluation.hospital_completed"
     client = client_for(consortium_admin)
     html, _ = _download(client, finished_job)
     assert re.search(rf'data-testid="audit-head-seq">{last.id}<', html)
