@@ -645,20 +645,20 @@ class AgentEvaluationProblemView(APIView):
         summary="The agent cannot take part in its evaluation (no test set, or one it cannot "
         "read); its part of the evaluation ends with the reason",
         request=EvaluationProblemInputSerializer,
-        responses={204: None, 409: error("its evaluation has ended")},
+        responses={200: OpenApiTypes.OBJECT, 409: error("its evaluation has ended")},
     )
     def post(self, request: Request, job_id: int) -> Response:
         actor = _actor(request)
         require_agent(actor, "report an evaluation problem")
         data = _valid(EvaluationProblemInputSerializer, request)
-        agent_evaluation_problem(
+        part = agent_evaluation_problem(
             actor=actor,
             job_id=job_id,
             part_id=data["evaluation"],
             reason=data["reason"],
             no_test_set=data["no_test_set"],
         )
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response({"evaluation": part.pk, "status": part.status})
 
 
 @extend_schema(tags=["agent"])
