@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter
 
 #: Ten colours told apart at a glance, the dashboard's (frontend/src/pages/job.js).
 COLOURS = (
@@ -42,22 +43,36 @@ def _data_uri(figure: Figure) -> str:
 def loss_chart(
     series: Sequence[tuple[str, Sequence[Sequence[float]]]], round_starts: Sequence[int]
 ) -> str:
-    """Training loss, one curve per hospital (label, [[step, loss]]), rounds marked."""
+    """Training loss, one curve per hospital (label, [[step, loss]]), rounds marked; a
+    hospital's curve breaks where a round starts between two of its points (its turns in
+    two rounds, the others' turns between them)."""
     figure = _figure()
     axes = figure.add_subplot()
     for start in round_starts:
         axes.axvline(start, color="#8a8f98", linestyle=(0, (4, 4)), linewidth=0.8)
     for i, (label, points) in enumerate(series):
-        if points:
+        for n, part in enumerate(_turns(points, round_starts)):
             axes.plot(
-                [p[0] for p in points], [p[1] for p in points],
-                label=label, color=colour(i), linewidth=1.2,
+                [p[0] for p in part], [p[1] for p in part],
+                label=label if n == 0 else None, color=colour(i), linewidth=1.2,
             )  # fmt: skip
     axes.set_xlabel("step of the job (the hospitals' turns one after another)")
     axes.set_ylabel("training loss")
     if any(points for _, points in series):
-        axes.legend(loc="upper right", fontsize="small")
+        figure.legend(loc="outside upper center", ncols=min(len(series), 5), fontsize="small")
     return _data_uri(figure)
+
+
+def _turns(
+    points: Sequence[Sequence[float]], round_starts: Sequence[int]
+) -> list[list[Sequence[float]]]:
+    parts: list[list[Sequence[float]]] = []
+    for point in points:
+        if parts and not any(parts[-1][-1][0] <= s < point[0] for s in round_starts):
+            parts[-1].append(point)
+        else:
+            parts.append([point])
+    return parts
 
 
 def validation_chart(
@@ -84,7 +99,7 @@ def validation_chart(
     axes.set_xlabel("round")
     axes.set_ylabel(f"validation {metric_name}")
     if any(points for _, points, _ in series):
-        axes.legend(loc="lower right", fontsize="small")
+        figure.legend(loc="outside upper center", ncols=min(len(series), 5), fontsize="small")
     return _data_uri(figure)
 
 
@@ -94,8 +109,10 @@ def bars_chart(
     ylabel: str,
     *,
     ylim: tuple[float, float] | None = None,
+    unit: str = "",
 ) -> str:
-    """Grouped bars: one group per label, one bar per named series."""
+    """Grouped bars: one group per label, one bar per named series; ``unit`` (``"B"``)
+    writes the axis in engineering notation (kB, MB)."""
     figure = _figure()
     axes = figure.add_subplot()
     count = max(len(groups), 1)
@@ -107,6 +124,8 @@ def bars_chart(
     axes.set_ylabel(ylabel)
     if ylim is not None:
         axes.set_ylim(*ylim)
+    if unit:
+        axes.yaxis.set_major_formatter(EngFormatter(unit=unit))
     if groups:
-        axes.legend(fontsize="small")
+        figure.legend(loc="outside upper center", ncols=min(len(groups), 5), fontsize="small")
     return _data_uri(figure)

@@ -9,7 +9,6 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils.text import slugify
 
-from reports import charts
 from reports.selectors import JobDocument
 
 #: What the served document may load: its own inline styles and data: images, nothing
@@ -22,6 +21,9 @@ CONTENT_SECURITY_POLICY = (
 
 def document_charts(document: JobDocument) -> dict[str, str]:
     """The document's charts, by name, as data URIs."""
+    # Imported here: a coordinator process pays for matplotlib only once it draws a chart.
+    from reports import charts
+
     names = document.names
     order = [p.slug for p in document.participants]
     curves = {c["hospital"]: c["points"] for c in document.loss_series.get("series", [])}
@@ -52,6 +54,7 @@ def document_charts(document: JobDocument) -> dict[str, str]:
                 "sealed hand-offs": [t.handoff_bytes for t in document.traffic],
             },
             "bytes",
+            unit="B",
         )
     results = results_chart(document)
     if results:
@@ -82,6 +85,8 @@ def results_chart(document: JobDocument) -> str | None:
             "auc": "ROC AUC",
         }
     )
+    from reports import charts
+
     nan = float("nan")
     groups = {
         label: [c.get(name) if isinstance(c.get(name), int | float) else nan for c in columns]

@@ -80,10 +80,10 @@ def finished_job(make_job, three_hospitals) -> Job:
                 last_loss=f.loss,
                 metrics={"val_accuracy": f.accuracy, "val_loss": f.loss, "train_loss": f.loss},
             )  # fmt: skip
-            for step in range(3):
+            for step in (1, 2, 3):  # the steps done, as the worker reports them
                 MetricPoint.objects.create(
                     job=job, turn=turn, step=step, time=at + timedelta(seconds=step),
-                    loss=f.loss + 0.1 * (2 - step), samples=16 * (step + 1),
+                    loss=f.loss + 0.1 * (3 - step), samples=16 * step,
                     bytes_up=f.bytes_up, bytes_down=f.bytes_down,
                 )  # fmt: skip
             recipient = three_hospitals[(position + 1) % 3]
