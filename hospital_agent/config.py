@@ -15,6 +15,8 @@ Example ``agent.toml``::
     val_fraction = 0.2
     # task = "segmentation"           # a mask per image: images/ and masks/ of one name,
     # masks_csv = "masks.csv"         # or a CSV of columns image,mask
+    # test_path = "/data/chest-xrays-test"   # a local test set (medmnist: the archive's
+    #                                        # test split by default; data.test = false: none)
 
 :data:`KEYS` is the one list of keys. Each key ``name`` (``data.<name>`` for the
 ``[data]`` table) is also the environment variable ``MEDSPLIT_AGENT_<NAME>``
@@ -30,12 +32,13 @@ import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hospital_agent.data import DEFAULT_VAL_FRACTION, DataSource
 from hospital_agent.data.sources import DATA_TASKS, DEFAULT_ID_COLUMN, KINDS
+from hospital_agent.data.testset import TestSettings
 from medsplit.errors import ConfigError
 from medsplit.models.factory import model_module_names
 
@@ -216,7 +219,29 @@ KEYS: tuple[Key, ...] = (
     Key("data.val_fraction", float, DEFAULT_VAL_FRACTION,
         "the share of the pool kept aside, locally, for validation",
         check=lambda f: 0 <= f < 1, must="be in [0, 1)"),
+    Key("data.test", bool, True,
+        "keep a local test set, where one is given, to evaluate a completed job's final "
+        "model on through the split; false: no test set"),
+    Key("data.test_path", str, None,
+        "medmnist: another archive holding the test split; folder: the test set's own "
+        "folder (its labels.csv, or images/ and masks/)", metavar="PATH"),
+    Key("data.test_split", str, None,
+        "medmnist: the archive's split that is the test set; test when unset, if the "
+        "archive holds one", metavar="SPLIT"),
+    Key("data.test_labels_csv", str, None,
+        "folder: the test set's CSV of labels (file,label), relative to data.test_path, "
+        "else to data.path", metavar="PATH"),
+    Key("data.test_masks_csv", str, None,
+        "folder, segmentation: the test set's CSV of pairs (image,mask), relative to "
+        "data.test_path, else to data.path", metavar="PATH"),
+    Key("data.test_samples", int, 0,
+        "synthetic: how many test images (drawn with the seed data.seed + 1); 0: none",
+        check=lambda n: n >= 0, must="be >= 0"),
 )  # fmt: skip
+#: The ``data.test_*`` keys, by their field in :class:`TestSettings`.
+TEST_KEYS = {"test": "enabled", "test_path": "path", "test_split": "split",
+             "test_labels_csv": "labels_csv", "test_masks_csv": "masks_csv",
+             "test_samples": "samples"}  # fmt: skip
 _BY_NAME = {key.name: key for key in KEYS}
 _BY_DEST = {key.dest: key for key in KEYS}
 
@@ -244,6 +269,7 @@ class AgentConfig:
     extra_modes: str | None = _default("extra_modes")
     model_modules: str | None = _default("model_modules")
     report_loss: bool = _default("report_loss")
+    test: TestSettings = field(default_factory=TestSettings)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -321,12 +347,14 @@ def load_config(
 
     data = {k.field: values[k.name] for k in KEYS if k.section == DATA}
     val_fraction = data.pop("val_fraction")
+    test = TestSettings(**{attr: data.pop(name) for name, attr in TEST_KEYS.items()})
     top = {k.field: values[k.name] for k in KEYS if not k.section}
     return AgentConfig(
         **{**top, "coordinator_url": top["coordinator_url"].rstrip("/")},
         data=DataSource(**data),
         val_fraction=val_fraction,
         split_seed=data["seed"],
+        test=test,
     )
 
 

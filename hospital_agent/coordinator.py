@@ -161,6 +161,14 @@ class Coordinator:
         body = {"turn": turn, "reason": reason}
         return self._call("POST", f"/api/agent/assignments/{job}/problems/", json=body)
 
+    def report_evaluation_problem(
+        self, *, job: int, evaluation: int, reason: str, no_test_set: bool = False
+    ) -> dict[str, Any]:
+        """This hospital cannot take part in its evaluation of ``job`` (no test set, or one
+        it cannot read): its part ends with ``reason`` (files, never data)."""
+        body = {"evaluation": evaluation, "reason": reason, "no_test_set": no_test_set}
+        return self._call("POST", f"/api/agent/assignments/{job}/evaluation-problems/", json=body)
+
     def record_submission(
         self,
         *,

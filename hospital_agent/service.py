@@ -24,7 +24,8 @@ from hospital_agent.coordinator import (
     CoordinatorRefused,
     TokenRefused,
 )
-from hospital_agent.data import DataProblem, check_data, load_vertical
+from hospital_agent.data import DataProblem, DataSummary, check_data, load_vertical
+from hospital_agent.data.testset import NO_TEST_SET, check_test, test_source, with_test
 from hospital_agent.enrolment import enrol, move_to_identity_key
 from hospital_agent.identity import load_credentials, load_or_create_identity
 from hospital_agent.relay import HandoffMissing
@@ -170,6 +171,8 @@ class Agent:
                 taker.finish(assignment)
                 if raw["state"] != "completed":
                     taker.relay.forget_handoffs(assignment.job_name)
+                elif (raw.get("evaluation") or {}).get("status") == "running":
+                    taker.evaluate(assignment)
                 return
             taker.prepare(assignment)
             if raw["state"] == "running" and raw["turn"] and raw["turn"]["status"] == "running":
@@ -196,9 +199,10 @@ class Agent:
                 # Records with identifiers, for vertical jobs: the parties split them together.
                 self.summary = load_vertical(source).summary().to_json()
             else:
-                self.summary = check_data(
+                pool = check_data(
                     source, val_fraction=self.config.val_fraction, seed=self.config.split_seed
-                ).to_json()
+                )
+                self.summary = with_test(pool, self._check_test()).to_json()
         except DataProblem as e:
             if self.data_problem != str(e):
                 logger.error("local data cannot be used: %s", e)
@@ -209,6 +213,21 @@ class Agent:
             logger.info("the local data can be used again")
             self.status = "idle"
         self.data_problem = ""
+
+    def _check_test(self) -> DataSummary | None:
+        """The local test set's summary; ``None``: it has none ("no test set").
+
+        Raises:
+            DataProblem: it is configured but cannot be used (naming the test set).
+        """
+        test = test_source(self.config.data, self.config.test)
+        if test is None:
+            logger.info("%s: this hospital is left out of the evaluation of jobs", NO_TEST_SET)
+            return None
+        try:
+            return check_test(test)
+        except DataProblem as e:
+            raise DataProblem.one(None, f"the test set: {e}") from e
 
     def data_failed(self, problem: str) -> None:
         """A turn found the data broken: the next heartbeats say so (and the summary goes)."""

@@ -37,7 +37,14 @@ from tqdm import tqdm
 from hospital_agent.alignment import AlignmentFailed, align_records
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
-from hospital_agent.data import DataProblem, LocalData, load_for_job, load_vertical
+from hospital_agent.data import (
+    DataProblem,
+    DataSource,
+    LocalData,
+    load_for_job,
+    load_vertical,
+)
+from hospital_agent.data.testset import NO_TEST_SET, load_test_for_job, test_source
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
@@ -67,6 +74,7 @@ from medsplit.training.setup import JobModel, cached_split, client_parties
 from medsplit.training.tasks import DEFAULT_TASK
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
+from medsplit.turns.evaluation import evaluation_client
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +197,9 @@ class TurnTaker:
         self.on_status = on_status
         self.on_data_problem = on_data_problem
         self._data: dict[tuple, LocalData] = {}
+        self._tests: dict[tuple, DataSplit] = {}
+        #: The evaluations this agent took part in (or reported it could not).
+        self._evaluated: set[int] = set()
         self.secure = SecureRounds(
             me=self.me,
             identity=identity,
@@ -326,6 +337,117 @@ class TurnTaker:
             if vertical is not None:
                 self.audit_leakage(assignment, vertical, ids, scores)
         return outcome
+
+    def evaluate(self, assignment: Assignment) -> ClientOutcome | None:
+        """Take part in the running evaluation of the completed job's final model: this
+        hospital's test set through its segments (kept in ``final.safetensors``), the
+        server segment on a worker (:mod:`medsplit.turns.evaluation`). ``None`` when it
+        could not start: no test set, data that does not fit (each reported to the
+        coordinator), or the final weights not there yet (tried again at the next poll)."""
+        part = assignment.raw.get("evaluation") or {}
+        job = assignment.job
+        if part.get("status") != "running" or part.get("id") in self._evaluated:
+            return None
+        try:
+            require_mode(assignment.mode, setting=EXTRA_MODES_SETTING)
+            require_model_module(assignment.description().model)
+        except (ConfigError, UnknownModelError) as e:
+            self._evaluation_problem(assignment, part, str(e))
+            return None
+        model, config = assignment.model(), assignment.config()
+        source = test_source(self.config.data, self.config.test)
+        if source is None:
+            self._evaluation_problem(assignment, part, NO_TEST_SET, no_test_set=True)
+            return None
+        try:
+            test = self.test_for(source, model, task=config.task)
+            train = self.data_for(model, task=config.task).train
+        except DataProblem as e:
+            logger.error("job %s: the test set cannot be used: %s", job, e)
+            self._evaluation_problem(assignment, part, f"the test set: {e}")
+            return None
+        if len(test) != part.get("test_samples"):
+            self._evaluation_problem(
+                assignment,
+                part,
+                f"the test set holds {len(test)} images now, not the {part.get('test_samples')} "
+                "reported when the evaluation started",
+            )
+            return None
+        final = self.keep_final(assignment)
+        if final is None:
+            return None  # the final weights are not on the relay yet: at the next poll
+        split = cached_split(model, config.cuts)
+        ids = TurnIds(config.job, int(part["round"]), assignment.raw["position"], config.mode)
+        client = evaluation_client(
+            ids=ids,
+            channel=self.relay.channel(),
+            streams=assignment.relay_keys.streams(config.job, self.me),
+            split=split,
+            parties=lambda: client_parties(split, config),
+            final_state=final.read_bytes(),
+            config=config,
+            test=test,
+            train_labels=train.labels,
+            num_classes=model.num_classes,
+            reply_timeout=self.config.reply_timeout,
+            device=self.config.device,
+            stop=self.stopping,
+        )
+        logger.info(
+            "job %s: evaluating its final model on this hospital's %d test images (%d batches)",
+            job,
+            len(test),
+            client.eval_steps,
+        )
+        self.on_status("busy")
+        try:
+            outcome = self._run(client)
+        except FrameRejected as e:
+            logger.error("job %s: evaluation given up: %s", job, e)
+            self._evaluation_problem(assignment, part, str(e))
+            return ClientOutcome.STOPPED
+        finally:
+            client.channel.close()
+            self.on_status("idle")
+        if outcome != ClientOutcome.INTERRUPTED:
+            self._evaluated.add(part["id"])
+        return outcome
+
+    def test_for(self, source: DataSource, model: JobModel, *, task: str) -> DataSplit:
+        """The local test set fitted to the job's input shape (read once per shape)."""
+        shape = ("test", model.input_shape, model.num_classes, task)
+        if shape not in self._tests:
+            self._tests[shape] = load_test_for_job(
+                source,
+                input_shape=tuple(model.input_shape),
+                num_classes=model.num_classes,
+                task=task,
+            )
+        return self._tests[shape]
+
+    def _evaluation_problem(
+        self,
+        assignment: Assignment,
+        part: dict[str, Any],
+        reason: str,
+        *,
+        no_test_set: bool = False,
+    ) -> None:
+        self._evaluated.add(part.get("id"))
+        try:
+            self.coordinator.report_evaluation_problem(
+                job=assignment.job,
+                evaluation=int(part["id"]),
+                reason=reason,
+                no_test_set=no_test_set,
+            )
+        except CoordinatorError as e:
+            if isinstance(e, TokenRefused):
+                raise
+            logger.warning(
+                "job %s: the evaluation problem could not be reported: %s", assignment.job, e
+            )
 
     def audit_leakage(
         self,

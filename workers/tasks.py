@@ -17,13 +17,14 @@ from training.aggregation import (
     aggregations_to_sum,
     turns_overdue,
 )
+from training.evaluation import evaluation_dispatched, evaluations_to_run
 from training.scheduling import (
     job_advance_group,
     jobs_to_advance,
     turn_dispatched,
     turns_without_runner,
 )
-from workers import aggregation_runner, group_runner, relay_watch, turn_runner
+from workers import aggregation_runner, evaluation_runner, group_runner, relay_watch, turn_runner
 from workers.celery_app import app
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,21 @@ def advance_job(job_id: int) -> None:
         _send_turn(turn.pk)
     for aggregation_id in aggregations_to_sum(job_id=job_id):
         _send_aggregation(aggregation_id)
+    # A job that completed: its final model, evaluated at each hospital with a test set.
+    for part_id in evaluations_to_run(job_id=job_id):
+        _send_evaluation(part_id)
+
+
+@app.task(name="medsplit.evaluate_at_hospital")
+def evaluate_at_hospital(part_id: int) -> str:
+    """Serve one hospital's evaluation of a completed job (its test batches through the
+    job's final server segment); an infrastructure failure sends it again later."""
+    runner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    result = evaluation_runner.run(part_id, runner=runner)
+    if result.retry:
+        evaluation_dispatched(part_id=part_id)
+        evaluate_at_hospital.apply_async((part_id,), countdown=5.0)
+    return result.outcome
 
 
 @app.task(name="medsplit.aggregate_round")
@@ -85,6 +101,8 @@ def sweep() -> None:
     for turn_id in turns_without_runner():
         logger.info("turn %s has no live runner; sending it to a worker", turn_id)
         _send_turn(turn_id)
+    for part_id in evaluations_to_run():
+        _send_evaluation(part_id)
     try:
         relay_watch.sweep_relay()
     except (redis.RedisError, RelayProvisioningFailed) as e:
@@ -95,6 +113,11 @@ def sweep() -> None:
 def _send_turn(turn_id: int, *, countdown: float = 0.0) -> None:
     turn_dispatched(turn_id=turn_id, delay=countdown)
     run_turn.apply_async((turn_id,), countdown=countdown)
+
+
+def _send_evaluation(part_id: int) -> None:
+    evaluation_dispatched(part_id=part_id)
+    evaluate_at_hospital.delay(part_id)
 
 
 def _send_aggregation(aggregation_id: int) -> None:

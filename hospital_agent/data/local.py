@@ -42,6 +42,9 @@ class DataSummary:
         masks: segmentation: how many masks (one per image).
         mask_classes: segmentation: in how many masks each class appears, e.g.
             ``{"0": 40, "1": 37}`` (the classes present).
+        test_label_counts, test_mask_classes: the local test set's (its size is
+            ``split_sizes["test"]``), of the task's kind; ``None``: no test set
+            (:mod:`hospital_agent.data.testset`).
     """
 
     image_shape: list[int]
@@ -50,12 +53,17 @@ class DataSummary:
     task: str = "classification"
     masks: int = 0
     mask_classes: dict[str, int] = field(default_factory=dict)
+    test_label_counts: dict[str, int] | None = None
+    test_mask_classes: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The heartbeat's ``dataset_summary`` (plain lists, dicts and ints): a
         classification set's as before tasks existed; a segmentation set's names its
         task and counts its masks instead of labels."""
         body = asdict(self)
+        for name in ("test_label_counts", "test_mask_classes"):
+            if body[name] is None:
+                del body[name]
         if self.task == "segmentation":
             del body["label_counts"]
         else:

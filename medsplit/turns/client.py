@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -158,6 +158,8 @@ class TurnClient:
         batches: the batches of a round's turn, from step 0 (default: ``train`` as
             :func:`~medsplit.training.schedule.turn_batches` deals it); a vertical party's
             follow the aligned records' order drawn from the job's seed.
+        extra_metrics: values the metrics frame carries beside the turn's own (an
+            evaluation's majority-class baseline: :mod:`medsplit.turns.evaluation`).
 
     What changes while it runs: :attr:`turn_state`, :attr:`parties`, :attr:`role`,
     :attr:`position`, :attr:`policy`, the batches, :attr:`record` and
@@ -186,8 +188,10 @@ class TurnClient:
         limits: FrameLimits | None = None,
         role: Callable[[dict[str, Party]], ClientRole] | None = None,
         batches: Callable[[int], Iterator[Batch]] | None = None,
+        extra_metrics: Mapping[str, float] | None = None,
     ) -> None:
         self.ids = ids
+        self.extra_metrics = dict(extra_metrics or {})
         # The job's mode bound to its options (SplitFed's labels change the roles).
         self.mode = config.split_mode if config.mode == ids.mode else get_mode(ids.mode)
         self.channel = channel
@@ -482,9 +486,10 @@ class TurnClient:
         return self.val.images[index * size : (index + 1) * size]
 
     def _metrics(self) -> dict[str, float]:
-        return self.record.metrics(
+        measured = self.record.metrics(
             self.val, self.eval_steps, task=self.config.task, loss_fn=self.loss_fn
         )
+        return {**measured, **self.extra_metrics}
 
 
 def _losses_of(text: str) -> dict[int, float]:

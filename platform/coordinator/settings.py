@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "training",
     "audit",
     "monitoring",
+    "reports",
 ]
 
 MIDDLEWARE = [

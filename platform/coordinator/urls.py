@@ -1,5 +1,6 @@
 """URL routes: the dashboard at /, the REST API under /api/, its schema and docs,
-Prometheus metrics at /metrics, and Django's admin only with ``MEDSPLIT_DJANGO_ADMIN=1``."""
+Prometheus metrics at /metrics, a job's result document at /jobs/<id>/document/, and
+Django's admin only with ``MEDSPLIT_DJANGO_ADMIN=1``."""
 
 from django.conf import settings
 from django.contrib import admin
@@ -23,6 +24,8 @@ urlpatterns = [
     path("api/", include("training.api.urls")),
     path("api/", include("audit.api.urls")),
     path("api/", include("monitoring.urls")),
+    # A job's result document: an HTML page and its download, beside the dashboard.
+    path("", include("reports.urls")),
 ]
 
 # Off by default in production: every change goes through the API's services, and the

@@ -399,3 +399,80 @@ class LabelLeakage(models.Model):
 
     def __str__(self) -> str:
         return f"label leakage of job {self.job_id} round {self.round_index}"
+
+
+class Evaluation(models.Model):
+    """One evaluation of a completed job's final model at every participant: each
+    hospital with a local test set scores it there, through the split (its front, and in
+    U-shaped mode its head, at home; the server segment on a worker), in an
+    evaluation-only turn (``medsplit/turns/evaluation.py``). Started when the job
+    completes, and again on a consortium admin's request (a new attempt). Figures only:
+    no prediction, logit or label ever reaches the coordinator.
+    """
+
+    class Status(models.TextChoices):
+        RUNNING = "running"  # some hospital's evaluation has not ended yet
+        COMPLETED = "completed"  # every hospital's ended (completed, failed, no test set)
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="evaluations")
+    attempt = models.PositiveSmallIntegerField(default=1)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="evaluation_attempt_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"evaluation {self.attempt} of job {self.job_id} ({self.status})"
+
+
+class HospitalEvaluation(models.Model):
+    """One hospital's part of an :class:`Evaluation`: its evaluation-only turn, and the
+    figures it measured on its test set (``metrics``: ``accuracy``, ``auc`` and
+    ``baseline_accuracy`` for classification, ``dice`` for segmentation, ``samples``)."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"  # a worker serves it (or will), the agent takes part
+        COMPLETED = "completed"
+        FAILED = "failed"
+        NO_TEST_SET = "no_test_set"  # the hospital reported no test set: nothing to run
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="parts")
+    # Denormalised from evaluation.job: the agent's assignments read them by job.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="hospital_evaluations")
+    hospital = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
+    position = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    # The test set's size as the hospital reported it when the evaluation started (its
+    # heartbeat's split_sizes["test"]): what its frames are checked against.
+    test_samples = models.PositiveIntegerField(default=0)
+    metrics = models.JSONField(default=dict, blank=True)
+    failure_reason = models.TextField(blank=True)
+    bytes_up = models.PositiveBigIntegerField(default=0)
+    bytes_down = models.PositiveBigIntegerField(default=0)
+    # Which worker serves its server side, until when (as Turn's lease).
+    runner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["evaluation_id", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["evaluation", "hospital"], name="hospital_evaluation_once"
+            )
+        ]
+        indexes = [models.Index(fields=["status"], name="hospital_evaluation_status")]
+
+    def __str__(self) -> str:
+        return f"evaluation of job {self.job_id} at {self.hospital_id} ({self.status})"

@@ -33,7 +33,15 @@ from medsplit.training.schedule import turn_length
 from medsplit.training.tasks import TASKS
 from medsplit.wire.codecs import describe_codecs
 from training.apps import MODEL_MODULES_SETTING
-from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.models import (
+    Aggregation,
+    HandOff,
+    HospitalEvaluation,
+    Job,
+    JobParticipant,
+    MetricPoint,
+    Turn,
+)
 from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import (
     model_cut_table,
@@ -306,8 +314,9 @@ def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
 
     Each job carries ``my_participation`` (its place in the order), ``my_turns`` (its
     turns, latest last), ``all_participants`` (with their hospitals), ``completed_turns``
-    (the job's, in order), ``handoffs_to_me`` and ``all_aggregations`` (its secure
-    aggregation attempts, in order).
+    (the job's, in order), ``handoffs_to_me``, ``all_aggregations`` (its secure
+    aggregation attempts, in order) and ``my_evaluations`` (its parts in the job's
+    evaluations, latest last).
 
     Raises:
         PermissionDenied: the actor is not a hospital's agent.
@@ -357,6 +366,13 @@ def agent_assignments(*, actor: Actor) -> QuerySet[Job]:
                 .select_related("round")
                 .order_by("round__index", "attempt"),
                 to_attr="my_turns",
+            ),
+            Prefetch(
+                "hospital_evaluations",
+                queryset=HospitalEvaluation.objects.filter(hospital=hospital)
+                .select_related("evaluation", "job")
+                .order_by("evaluation__attempt"),
+                to_attr="my_evaluations",
             ),
         )
         .order_by("id")
@@ -481,3 +497,100 @@ def registry_model_cuts(
         model_name=name, input_shape=tuple(shape), depth=parse_depth(depth), model_args=args
     )
     return {"model": name, "input_shape": list(shape), "cuts": rows}
+
+
+# -- a job's results: its final model evaluated at every hospital -----------------------
+
+#: How the mean across hospitals is labelled wherever it is shown: it is not a pooled
+#: figure (an AUC of all test sets together would need every prediction in one place).
+WEIGHTED_MEAN_LABEL = "mean of the hospitals' figures weighted by their test-set sizes (not pooled)"
+
+
+def job_results(*, actor: Actor, job_id: int) -> dict[str, Any]:
+    """The latest evaluation of job ``job_id``'s final model (``GET /api/jobs/{id}/results/``):
+    each hospital's figures on its own test set, and their mean weighted by test size.
+
+    Least privilege (:mod:`kernel.permissions`): a hospital admin sees their own
+    hospital's figures, test size and failure reason, of the other participants only
+    their name, position and their evaluation's status, and the weighted means (without
+    the total test size); consortium admins, observers and the system see everything.
+
+    Raises:
+        NotFound: no such job, or one the actor may not see.
+    """
+    from training.evaluation import FIGURES, evaluation_refusal
+
+    job = job_get(actor=actor, job_id=job_id)
+    task = job.job_description().task
+    figures = FIGURES.get(task, ())
+    evaluation = job.evaluations.select_related("requested_by").order_by("-attempt").first()
+    parts = (
+        list(evaluation.parts.select_related("hospital").order_by("position"))
+        if evaluation is not None
+        else []
+    )
+    everyone = _sees_all(actor)
+    hospitals = []
+    for part in parts:
+        entry: dict[str, Any] = {
+            "hospital": part.hospital.slug,
+            "name": part.hospital.name,
+            "position": part.position,
+            "status": part.status,
+        }
+        if sees_participant_in_full(actor, part.hospital_id):
+            entry.update(
+                {
+                    "test_samples": part.test_samples,
+                    **{name: part.metrics.get(name) for name in figures},
+                    "reason": part.failure_reason,
+                    "bytes_up": part.bytes_up,
+                    "bytes_down": part.bytes_down,
+                    "finished_at": part.finished_at,
+                }
+            )
+        hospitals.append(entry)
+    refusal = evaluation_refusal(job)
+    return {
+        "job": job.pk,
+        "task": task,
+        "figures": list(figures),
+        "evaluable": refusal is None,
+        "refusal": refusal or "",
+        "evaluation": None
+        if evaluation is None
+        else {
+            "attempt": evaluation.attempt,
+            "status": evaluation.status,
+            "started_at": evaluation.created_at,
+            "finished_at": evaluation.finished_at,
+            "requested_by": evaluation.requested_by.get_username()
+            if evaluation.requested_by is not None
+            else None,
+        },
+        "hospitals": hospitals,
+        "weighted_mean": _weighted_mean(parts, figures, totals=everyone),
+    }
+
+
+def _weighted_mean(parts: list, figures: tuple[str, ...], *, totals: bool) -> dict | None:
+    """Each figure's mean over the hospitals that measured it, weighted by their test
+    sizes (an AUC is left out where a hospital's test set lacks a class); ``None`` before
+    any hospital's figures came."""
+    done = [p for p in parts if p.status == "completed"]
+    if not done:
+        return None
+    mean: dict[str, Any] = {"label": WEIGHTED_MEAN_LABEL, "hospitals": len(done)}
+    if totals:
+        mean["test_samples"] = sum(p.test_samples for p in done)
+    for name in figures:
+        have = [p for p in done if isinstance(p.metrics.get(name), int | float)]
+        weight = sum(p.test_samples for p in have)
+        mean[name] = (
+            sum(p.test_samples * p.metrics[name] for p in have) / weight if weight else None
+        )
+        if totals and len(have) != len(done):
+            mean.setdefault("without", {})[name] = sorted(
+                p.hospital.slug for p in done if p not in have
+            )
+    return mean

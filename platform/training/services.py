@@ -39,6 +39,7 @@ from kernel.errors import Conflict, InvalidInput, PermissionDenied
 from kernel.permissions import require_consortium_admin
 from medsplit.modes import require_mode
 from training.dispatch import job_changed_on_commit
+from training.evaluation import evaluation_on_completion
 from training.models import (
     Aggregation,
     HandOff,
@@ -328,6 +329,8 @@ def group_start_next(*, job: Job) -> list[Turn]:
                     actor=_system(),
                     reason=f"all {locked.rounds} round(s) done",
                 )
+                # Its final model, scored at every hospital with a test set.
+                evaluation_on_completion(job=locked)
                 return []
             round_ = _round_create(job=locked, index=round_.index + 1)
 

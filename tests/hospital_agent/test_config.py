@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from hospital_agent import cli
-from hospital_agent.config import KEYS, AgentConfig, Key, config_flags, load_config
+from hospital_agent.config import (
+    KEYS,
+    TEST_KEYS,
+    AgentConfig,
+    Key,
+    config_flags,
+    load_config,
+)
 from hospital_agent.data import DataSource
 from medsplit.errors import ConfigError
 
@@ -49,6 +56,12 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "data.label_column": ("outcome", "y"),
     "data.seed": (7, 11),
     "data.val_fraction": (0.3, 0.0),
+    "data.test": (False, True),
+    "data.test_path": ("/data/test", "/data/other-test"),
+    "data.test_split": ("val", "train"),
+    "data.test_labels_csv": ("test.csv", "other-test.csv"),
+    "data.test_masks_csv": ("test-pairs.csv", "other-test-pairs.csv"),
+    "data.test_samples": (8, 16),
 }
 # What every case starts from, in the file: just enough for a valid configuration that
 # each sample above can change alone.
@@ -132,6 +145,8 @@ def _read(config: AgentConfig, name: str) -> Any:
     """The value of key ``name`` in ``config``."""
     if name == "data.val_fraction":
         return config.val_fraction
+    if name.removeprefix("data.") in TEST_KEYS:
+        return getattr(config.test, TEST_KEYS[name.removeprefix("data.")])
     if name.startswith("data."):
         return getattr(config.data, name.removeprefix("data."))
     return getattr(config, name)

@@ -12,12 +12,17 @@
 //                                       between a parallel round's turns (its secure
 //                                       aggregation) and while a vertical job's parties
 //                                       report their record alignment (its alignment)
+//   GET /api/jobs/<id>/results/         once the job has ended, and again while its final
+//                                       model's evaluation runs: each hospital's figures on
+//                                       its test set (accuracy beside its majority-class
+//                                       baseline, AUC; Dice) and their weighted mean
 // and once GET /api/hospitals/ for the label counts (each accuracy's majority baseline)
 // The job API says its task and the metric its turns report (val_accuracy, or val_dice
 // for segmentation, shown as Dice without the majority baseline). A vertical job's
 // label-leakage audit comes with GET /api/jobs/<id>/ (label_leakage), read again when a
 // round ends.
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
+// Links: the job's result document, /jobs/<id>/document/ and its download (platform/reports/).
 
 import { api, apiAll, CoordinatorUnreachable } from "../api.js";
 import { every, isConsortiumAdmin } from "../app.js";
@@ -253,6 +258,20 @@ export async function render(root, [id], session) {
     stateSince,
   );
 
+  // The job's result document (platform/reports/): a page of the coordinator, and the
+  // same document as one self-contained HTML file to keep.
+  const documentLinks = el(
+    "p",
+    { class: "job-document", "data-testid": "job-document-links" },
+    el("a", { href: `/jobs/${jobId}/document/`, "data-testid": "job-document" }, "Result document"),
+    " · ",
+    el(
+      "a",
+      { href: `/jobs/${jobId}/document/download/`, download: "", "data-testid": "job-document-download" },
+      "download it (one HTML file, charts included)",
+    ),
+  );
+
   const buttons = new Map();
   const reason = el("input", { id: "job-action-reason", name: "reason", maxlength: "2000", placeholder: "recorded in the audit log" });
   const actionError = el("p", { class: "form-error", role: "alert" });
@@ -315,6 +334,14 @@ export async function render(root, [id], session) {
       : `Solid: validation ${metricName} (${task}) · dashed: validation loss (right axis).`,
   );
   const updated = el("p", { class: "muted", "data-testid": "job-updated", role: "status" });
+  // The final model evaluated at every hospital on its own test set (GET results/).
+  const resultsBox = el("div", { "data-testid": "results" }, el("p", { class: "muted" }, "Loading…"));
+  const resultsCard = el(
+    "div",
+    { class: "card job-results" },
+    el("h2", {}, "Final metrics (each hospital's test set)"),
+    resultsBox,
+  );
   const charts = el(
     "section",
     { "aria-label": "Charts" },
@@ -331,6 +358,7 @@ export async function render(root, [id], session) {
         valNote,
       ),
       el("div", { class: "card" }, el("h2", {}, "Bytes up and down"), el("div", { class: "chart-box" }, bytesCanvas)),
+      resultsCard,
     ),
   );
 
@@ -350,6 +378,7 @@ export async function render(root, [id], session) {
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
     title,
     head,
+    documentLinks,
     updated,
     controls || "", // append(null) would show "null"
     stats,
@@ -372,6 +401,7 @@ export async function render(root, [id], session) {
   let status = null;
   let turns = [];
   let series = null; // GET loss-series/
+  let results = null; // GET results/ (once the job has ended)
   const baselines = new Map(); // slug -> majority share, where the label counts are known
   let baselinesLoaded = false;
   let updatedAt = null;
@@ -855,6 +885,67 @@ export async function render(root, [id], session) {
     );
   }
 
+  // The final figures (platform/training/selectors.py job_results): of another hospital a
+  // hospital admin gets its name and its evaluation's status only, and the weighted means.
+  const RESULT_STATUS = { no_test_set: "no test set" };
+  function drawResults() {
+    if (!results) {
+      resultsBox.replaceChildren(
+        el("p", { class: "muted" }, TERMINAL.has(status?.state || job.state) ? "Loading…" : "Once the job completes, its final model is evaluated at every hospital that holds a test set."),
+      );
+      return;
+    }
+    if (!results.evaluable) return resultsBox.replaceChildren(el("p", { class: "muted", "data-testid": "results-refusal" }, `Not evaluated: ${results.refusal}`));
+    if (!results.evaluation) {
+      return resultsBox.replaceChildren(
+        el("p", { class: "muted" }, job.state === "completed" ? "No evaluation yet." : `No evaluation: the job is ${job.state}, and only a completed job's final model is evaluated.`),
+      );
+    }
+    const segmentation = results.task === "segmentation";
+    const shown = (h) => typeof h.test_samples === "number"; // yours, or everyone's
+    // Another hospital's figures are not in the answer (a hospital admin's); a hospital
+    // without figures (no test set, failed, running) shows a dash.
+    const figure = (h, draw) => {
+      if (!shown(h)) return el("span", { class: "muted" }, "not shown to you");
+      return h.status === "completed" ? draw(h) : "–";
+    };
+    const columns = [
+      { label: "Hospital", value: (h) => h.name || hospitalName(h.hospital) },
+      { label: "Status", value: (h) => badge(RESULT_STATUS[h.status] || h.status, h.status === "no_test_set" ? "draft" : h.status) },
+      { label: "Test samples", value: (h) => (shown(h) ? count(h.test_samples) : "–") },
+      segmentation
+        ? { label: "Mean Dice", value: (h) => figure(h, (x) => el("span", { "data-testid": "result-dice" }, num(x.dice))) }
+        : {
+            label: "Accuracy",
+            value: (h) => figure(h, (x) => el("span", { "data-testid": "result-accuracy" }, accuracyText(x.accuracy, x.baseline_accuracy))),
+          },
+      ...(segmentation
+        ? []
+        : [{ label: "ROC AUC", value: (h) => figure(h, (x) => (typeof x.auc === "number" ? num(x.auc) : el("span", { class: "muted", title: "the test set lacks a class" }, "–"))) }]),
+    ];
+    const mean = results.weighted_mean;
+    const e = results.evaluation;
+    resultsBox.replaceChildren(
+      el(
+        "p",
+        { class: "muted" },
+        `Evaluation ${e.attempt}, ${e.status}${e.requested_by ? `, asked for by ${e.requested_by}` : ""}: through the split, figures only.`,
+      ),
+      table(columns, results.hospitals || [], { empty: "No hospital takes part." }),
+      mean
+        ? el(
+            "p",
+            { "data-testid": "results-weighted-mean" },
+            el("strong", {}, `${mean.label[0].toUpperCase()}${mean.label.slice(1)}`),
+            ` (${mean.hospitals} hospital${mean.hospitals === 1 ? "" : "s"}): `,
+            segmentation
+              ? `Dice ${num(mean.dice)}`
+              : el("span", {}, accuracyText(mean.accuracy, mean.baseline_accuracy), typeof mean.auc === "number" ? ` · AUC ${num(mean.auc)}` : ""),
+          )
+        : el("p", { class: "muted" }, "No hospital's figures yet."),
+    );
+  }
+
   function drawAggregations() {
     const rows = job.aggregations || [];
     aggregationHeading.hidden = rows.length === 0;
@@ -980,6 +1071,11 @@ export async function render(root, [id], session) {
       if (stopped) return;
       if (changed) drawConfig();
     }
+    // The results exist once the job has ended; read again while its evaluation runs.
+    if (TERMINAL.has(newStatus.state) && (!results || results.evaluation?.status === "running" || (newStatus.state === "completed" && !results.evaluation))) {
+      results = await api(`jobs/${jobId}/results/`);
+      if (stopped) return;
+    }
     drawAggregations();
     drawAlignment();
     drawLeakage();
@@ -988,9 +1084,11 @@ export async function render(root, [id], session) {
     drawState();
     drawStats();
     drawTurns();
+    drawResults();
     updateCharts();
-    // A finished job no longer changes: one last full refresh, then stop polling.
-    if (TERMINAL.has(status.state)) {
+    // A finished job no longer changes once its evaluation has ended: one last full
+    // refresh, then stop polling.
+    if (TERMINAL.has(status.state) && results?.evaluation?.status !== "running") {
       if (finalDone) stopPoll();
       finalDone = true;
     }
@@ -1026,6 +1124,7 @@ export async function render(root, [id], session) {
   drawConfig();
   drawAlignment();
   drawLeakage();
+  drawResults();
   stopPoll = every(POLL_SECONDS, refresh);
   return () => {
     stopped = true;

@@ -76,6 +76,25 @@ class DatasetSummarySerializer(StrictSerializer):
         f'{{"0": 40, "1": 37}}; at most {MAX_LABELS} classes',
     )
 
+    test_label_counts = serializers.DictField(
+        child=StrictIntegerField(min_value=0, max_value=MAX_COUNT),
+        required=False,
+        help_text="the local test set's samples per label (a classification set with a test "
+        "set; its size is split_sizes.test)",
+    )
+    test_mask_classes = serializers.DictField(
+        child=StrictIntegerField(min_value=0, max_value=MAX_COUNT),
+        required=False,
+        help_text="the local test set's masks each class appears in (a segmentation set with "
+        "a test set of split_sizes.test masks)",
+    )
+
+    def validate_test_label_counts(self, value: dict[str, int]) -> dict[str, int]:
+        return _labels(value, "labels")
+
+    def validate_test_mask_classes(self, value: dict[str, int]) -> dict[str, int]:
+        return self.validate_mask_classes(value)
+
     def validate_label_counts(self, value: dict[str, int]) -> dict[str, int]:
         return _labels(value, "labels")
 
@@ -87,6 +106,7 @@ class DatasetSummarySerializer(StrictSerializer):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        self._validate_test(attrs)
         # Each task counts its own targets, and only those: a summary is one or the other.
         if attrs.get("task", DEFAULT_TASK) == SEGMENTATION:
             if "label_counts" in attrs:
@@ -113,6 +133,29 @@ class DatasetSummarySerializer(StrictSerializer):
                         {name: ["only a segmentation set counts masks"]}
                     )
         return attrs
+
+    def _validate_test(self, attrs: dict[str, Any]) -> None:
+        """A test set's counts come with its size, are of the set's task, and add up."""
+        size = attrs["split_sizes"].get("test")
+        segmentation = attrs.get("task", DEFAULT_TASK) == SEGMENTATION
+        own, other = (
+            ("test_mask_classes", "test_label_counts")
+            if segmentation
+            else ("test_label_counts", "test_mask_classes")
+        )
+        if other in attrs:
+            raise serializers.ValidationError({other: ["not of this set's task"]})
+        if not size:
+            if own in attrs:
+                raise serializers.ValidationError({own: ["a test set gives split_sizes.test"]})
+            return
+        if own not in attrs:
+            raise serializers.ValidationError({own: ["a test set (split_sizes.test) gives it"]})
+        counts = attrs[own].values()
+        if (sum(counts) != size) if not segmentation else any(n > size for n in counts):
+            raise serializers.ValidationError(
+                {own: [f"does not fit the test set's {size} samples (split_sizes.test)"]}
+            )
 
 
 def _labels(value: dict[str, int], what: str) -> dict[str, int]:

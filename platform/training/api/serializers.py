@@ -17,9 +17,18 @@ from medsplit.errors import UnknownModeError
 from medsplit.modes import StartFrom
 from medsplit.training.description import FORMAT, JobDescription
 from medsplit.training.tasks import DEFAULT_TASK, TASKS, TaskSpec
+from medsplit.turns.evaluation import evaluation_round
 from training.alignment import alignment_summary
 from training.leakage import leakage_summary
-from training.models import Aggregation, HandOff, Job, JobParticipant, MetricPoint, Turn
+from training.models import (
+    Aggregation,
+    HandOff,
+    HospitalEvaluation,
+    Job,
+    JobParticipant,
+    MetricPoint,
+    Turn,
+)
 from training.plan import TurnStart, job_result, turn_start
 from training.states import JobState
 
@@ -335,6 +344,92 @@ class LossSeriesSerializer(serializers.Serializer):
     series = LossCurveSerializer(many=True, help_text="one curve per hospital you see")
 
 
+class ResultHospitalSerializer(serializers.Serializer):
+    hospital = serializers.CharField(help_text="its slug")
+    name = serializers.CharField()
+    position = serializers.IntegerField()
+    status = serializers.ChoiceField(
+        choices=["running", "completed", "failed", "no_test_set"],
+        help_text="no_test_set: the hospital reported no local test set",
+    )
+    test_samples = serializers.IntegerField(
+        required=False, help_text="the figures below: your own hospital's only (hospital admins)"
+    )
+    accuracy = serializers.FloatField(required=False, allow_null=True)
+    auc = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        help_text="macro one-against-the-rest ROC AUC (MONAI's compute_roc_auc); null where "
+        "the test set lacks a class",
+    )
+    baseline_accuracy = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        help_text="the accuracy of always answering the hospital's most common training class",
+    )
+    dice = serializers.FloatField(
+        required=False, allow_null=True, help_text="segmentation: mean Dice (no background)"
+    )
+    reason = serializers.CharField(required=False, help_text="why it failed, if it did")
+    bytes_up = serializers.IntegerField(required=False)
+    bytes_down = serializers.IntegerField(required=False)
+    finished_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class ResultEvaluationSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=["running", "completed"])
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    requested_by = serializers.CharField(
+        allow_null=True, help_text="who asked; null: started as the job completed"
+    )
+
+
+class JobResultsSerializer(serializers.Serializer):
+    """Documents ``GET /api/jobs/{id}/results/`` (the view renders the selector's dict)."""
+
+    job = serializers.IntegerField()
+    task = serializers.CharField()
+    figures = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the figures of the job's task: accuracy, auc, baseline_accuracy "
+        "(classification) or dice (segmentation)",
+    )
+    evaluable = serializers.BooleanField(
+        help_text="whether the job's mode can be evaluated through the split"
+    )
+    refusal = serializers.CharField(help_text="why not, when it cannot (vertical)")
+    evaluation = ResultEvaluationSerializer(
+        allow_null=True, help_text="the latest evaluation; null before any"
+    )
+    hospitals = ResultHospitalSerializer(many=True)
+    weighted_mean = serializers.DictField(
+        allow_null=True,
+        help_text="label (says what it is), hospitals (how many it averages), each figure "
+        "(null where no hospital measured it), and for those who see every hospital "
+        "test_samples (the total) and without ({figure: hospitals left out}); null before "
+        "any hospital's figures",
+    )
+
+
+class AssignmentEvaluationSerializer(serializers.ModelSerializer):
+    """The hospital's part in the job's latest evaluation, as its agent needs it."""
+
+    attempt = serializers.IntegerField(source="evaluation.attempt", read_only=True)
+    round = serializers.SerializerMethodField(
+        help_text="the round number its frames carry (past the job's rounds)"
+    )
+
+    class Meta:
+        model = HospitalEvaluation
+        fields = ["id", "attempt", "round", "status", "test_samples"]
+        read_only_fields = fields
+
+    def get_round(self, part: HospitalEvaluation) -> int:
+        return evaluation_round(part.job.rounds, part.evaluation.attempt)
+
+
 class AssignmentTurnSerializer(serializers.ModelSerializer):
     round = serializers.IntegerField(source="round.index", read_only=True)
 
@@ -514,6 +609,10 @@ class AssignmentSerializer(serializers.ModelSerializer):
         help_text="the job's latest secure aggregation attempt this hospital takes part in "
         "(modes that aggregate securely); null when none"
     )
+    evaluation = serializers.SerializerMethodField(
+        help_text="this hospital's part in the job's latest evaluation of its final model "
+        "(once it completed); null when none"
+    )
 
     class Meta:
         model = Job
@@ -532,6 +631,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "start_from",
             "result_from",
             "aggregation",
+            "evaluation",
             "state_reason",
             "relay_prefix",
         ]
@@ -548,6 +648,18 @@ class AssignmentSerializer(serializers.ModelSerializer):
         slug = job.my_participation[0].hospital.slug
         mine = [a for a in job.all_aggregations if slug in a.weights]
         return AggregationSerializer(mine[-1]).data if mine else None
+
+    @extend_schema_field(AssignmentEvaluationSerializer(allow_null=True))
+    def get_evaluation(self, job: Job) -> dict | None:
+        mine = getattr(job, "my_evaluations", None)
+        if mine is None:
+            hospital = job.my_participation[0].hospital
+            mine = list(
+                job.hospital_evaluations.filter(hospital=hospital)
+                .select_related("evaluation", "job")
+                .order_by("evaluation__attempt")
+            )
+        return AssignmentEvaluationSerializer(mine[-1]).data if mine else None
 
     def get_relay_prefix(self, job: Job) -> str:
         return settings.MEDSPLIT["RELAY_PREFIX"]

@@ -18,6 +18,8 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:job_id>/status/", views.JobStatusView.as_view(), name="job-status"),
     path("jobs/<int:job_id>/turns/", views.JobTurnsView.as_view(), name="job-turns"),
+    path("jobs/<int:job_id>/results/", views.JobResultsView.as_view(), name="job-results"),
+    path("jobs/<int:job_id>/evaluate/", views.JobEvaluateView.as_view(), name="job-evaluate"),
     path("jobs/<int:job_id>/metrics/", views.JobMetricsView.as_view(), name="job-metrics"),
     path(
         "jobs/<int:job_id>/loss-series/", views.JobLossSeriesView.as_view(), name="job-loss-series"
@@ -77,6 +79,11 @@ urlpatterns = [
         "agent/assignments/<int:job_id>/leakage/",
         views.AgentLeakageView.as_view(),
         name="agent-leakage",
+    ),
+    path(
+        "agent/assignments/<int:job_id>/evaluation-problems/",
+        views.AgentEvaluationProblemView.as_view(),
+        name="agent-evaluation-problems",
     ),
     path(
         "agent/assignments/<int:job_id>/problems/",

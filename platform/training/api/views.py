@@ -34,6 +34,7 @@ from training.api.serializers import (
     CodecSerializer,
     CutTableSerializer,
     HandoffSerializer,
+    JobResultsSerializer,
     JobSerializer,
     JobStatusSerializer,
     LossSeriesSerializer,
@@ -46,6 +47,7 @@ from training.api.serializers import (
     TransitionInputSerializer,
     TurnSerializer,
 )
+from training.evaluation import agent_evaluation_problem, evaluation_request
 from training.leakage import leakage_report
 from training.models import Job, MetricPoint, Turn
 from training.states import JobState
@@ -248,6 +250,41 @@ class JobStatusView(APIView):
     )
     def get(self, request: Request, job_id: int) -> Response:
         return Response(selectors.job_status(actor=_actor(request), job_id=job_id))
+
+
+@extend_schema(tags=["jobs"])
+class JobResultsView(APIView):
+    @extend_schema(
+        summary="A completed job's final model evaluated at every hospital on its own test "
+        "set, through the split: each hospital's figures (yours only, for a hospital admin) "
+        "and their mean weighted by test size",
+        responses=JobResultsSerializer,
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(selectors.job_results(actor=_actor(request), job_id=job_id))
+
+
+@extend_schema(tags=["jobs"])
+class JobEvaluateView(APIView):
+    @extend_schema(
+        summary="Evaluate a completed job's final model again at every hospital (consortium "
+        "admins)",
+        request=None,
+        responses={
+            202: JobResultsSerializer,
+            409: error(
+                "the job has not completed, its mode cannot be evaluated through the "
+                "split, or an evaluation of it is running"
+            ),
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        selectors.job_get(actor=actor, job_id=job_id)  # a job the actor cannot see: 404
+        evaluation_request(actor=actor, job_id=job_id)
+        return Response(
+            selectors.job_results(actor=actor, job_id=job_id), status=status.HTTP_202_ACCEPTED
+        )
 
 
 @extend_schema(tags=["jobs"])
@@ -592,6 +629,36 @@ class AgentProblemView(APIView):
             actor=actor, job_id=job_id, turn_id=data["turn"], reason=data["reason"]
         )
         return Response(TurnSerializer(turn, context={"actor": actor}).data)
+
+
+class EvaluationProblemInputSerializer(StrictSerializer):
+    evaluation = StrictIntegerField(min_value=1, help_text="the assignment's evaluation id")
+    reason = StrictCharField(max_length=2000, help_text="names files, never data")
+    no_test_set = serializers.BooleanField(
+        default=False, help_text="the agent holds no test set (its status becomes no_test_set)"
+    )
+
+
+@extend_schema(tags=["agent"])
+class AgentEvaluationProblemView(APIView):
+    @extend_schema(
+        summary="The agent cannot take part in its evaluation (no test set, or one it cannot "
+        "read); its part of the evaluation ends with the reason",
+        request=EvaluationProblemInputSerializer,
+        responses={200: OpenApiTypes.OBJECT, 409: error("its evaluation has ended")},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "report an evaluation problem")
+        data = _valid(EvaluationProblemInputSerializer, request)
+        part = agent_evaluation_problem(
+            actor=actor,
+            job_id=job_id,
+            part_id=data["evaluation"],
+            reason=data["reason"],
+            no_test_set=data["no_test_set"],
+        )
+        return Response({"evaluation": part.pk, "status": part.status})
 
 
 @extend_schema(tags=["agent"])

@@ -66,4 +66,5 @@ def test_every_route_is_described_with_its_bodies(schema) -> None:
     assert set(summary["properties"]) == {
         *("image_shape", "label_counts", "split_sizes"),
         *("task", "masks", "mask_classes"),  # a segmentation set's
+        *("test_label_counts", "test_mask_classes"),  # a local test set's
     }
