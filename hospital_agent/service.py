@@ -25,7 +25,7 @@ from hospital_agent.coordinator import (
     TokenRefused,
 )
 from hospital_agent.data import DataProblem, DataSummary, check_data, load_vertical
-from hospital_agent.data.testset import NO_TEST_SET, check_test, test_source, with_test
+from hospital_agent.data.testset import NO_TEST_SET, check_test, local_test_source, with_test
 from hospital_agent.enrolment import enrol, move_to_identity_key
 from hospital_agent.identity import load_credentials, load_or_create_identity
 from hospital_agent.relay import HandoffMissing
@@ -220,7 +220,7 @@ class Agent:
         Raises:
             DataProblem: it is configured but cannot be used (naming the test set).
         """
-        test = test_source(self.config.data, self.config.test)
+        test = local_test_source(self.config.data, self.config.test)
         if test is None:
             logger.info("%s: this hospital is left out of the evaluation of jobs", NO_TEST_SET)
             return None

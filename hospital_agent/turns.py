@@ -44,7 +44,7 @@ from hospital_agent.data import (
     load_for_job,
     load_vertical,
 )
-from hospital_agent.data.testset import NO_TEST_SET, load_test_for_job, test_source
+from hospital_agent.data.testset import NO_TEST_SET, load_test_for_job, local_test_source
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
@@ -355,7 +355,7 @@ class TurnTaker:
             self._evaluation_problem(assignment, part, str(e))
             return None
         model, config = assignment.model(), assignment.config()
-        source = test_source(self.config.data, self.config.test)
+        source = local_test_source(self.config.data, self.config.test)
         if source is None:
             self._evaluation_problem(assignment, part, NO_TEST_SET, no_test_set=True)
             return None

@@ -308,8 +308,8 @@ def _uint8(images) -> np.ndarray:
 
 def thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
     """Three MedMNIST-format files, one per hospital: a third of the training split each
-    (the agent keeps part of it for validation; the test split stays with the demo, which
-    scores the model)."""
+    (the agent keeps part of it for validation) and a third of the test split, the
+    hospital's local test set, on which the platform evaluates the job's final model."""
     paths = []
     for i in range(3):
         path = work.entry(f"hospital-{i}.npz")
@@ -319,8 +319,8 @@ def thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
             train_labels=dataset.train.labels[i::3].numpy(),
             val_images=_uint8(dataset.val.images[i::3]),
             val_labels=dataset.val.labels[i::3].numpy(),
-            test_images=_uint8(dataset.test.images[:1]),
-            test_labels=dataset.test.labels[:1].numpy(),
+            test_images=_uint8(dataset.test.images[i::3]),
+            test_labels=dataset.test.labels[i::3].numpy(),
         )
         paths.append(path)
     return paths
@@ -341,15 +341,15 @@ def write_segmentation_folder(folder: Path, images, masks) -> None:
         Image.fromarray(mask).save(folder / "masks" / f"case{i:04d}.png")
 
 
-def segmentation_thirds(dataset: Dataset, work: WorkDir) -> list[Path]:
-    """A folder of images and masks per hospital, a third of the training split each; the
-    test split as one more such folder, which the demo scores the model on."""
+def segmentation_thirds(dataset: Dataset, work: WorkDir) -> list[tuple[Path, Path]]:
+    """A folder of images and masks per hospital, a third of the training split each, and
+    one more of a third of the test split: the hospital's local test set."""
     paths = []
     for i in range(3):
-        path = work.entry(f"hospital-{i}")
+        path, test = work.entry(f"hospital-{i}"), work.entry(f"hospital-{i}-test")
         write_segmentation_folder(path, dataset.train.images[i::3], dataset.train.labels[i::3])
-        paths.append(path)
-    write_segmentation_folder(work.entry("test"), dataset.test.images, dataset.test.labels)
+        write_segmentation_folder(test, dataset.test.images[i::3], dataset.test.labels[i::3])
+        paths.append((path, test))
     return paths
 
 
@@ -652,8 +652,9 @@ def run(
                 "MEDSPLIT_AGENT_DATA_KIND": "folder",
                 "MEDSPLIT_AGENT_DATA_TASK": SEGMENTATION,
                 "MEDSPLIT_AGENT_DATA_PATH": str(path),
+                "MEDSPLIT_AGENT_DATA_TEST_PATH": str(test),
             }
-            for path in segmentation_thirds(dataset, work)
+            for path, test in segmentation_thirds(dataset, work)
         ]
     else:
         data_settings = [
@@ -758,93 +759,68 @@ def run(
         time.sleep(0.5)
     trained = time.monotonic() - started
     done = Job.objects.get(pk=job.pk)
-    if segmentation:
-        dice, background = segmentation_test_metrics(done, finals[0], work.path / "test")
-        say(
-            f"done in {trained:.0f} s: test mean Dice {dice:.3f} (MONAI's DiceMetric over the "
-            f"foreground; all background scores {background:.3f}) on "
-            f"{len(dataset.test.labels)} test images"
-        )
-        if not args.exit_when_done:
-            say(f"the dashboard stays up: {sign_in_again}")
-        return 0
     if vertical:
-        accuracy, auc = vertical_test_metrics(done, finals, hospitals, dataset)
-    else:
-        accuracy, auc = test_metrics(done, finals[0], dataset)
-    from medsplit.training.evaluate import majority_baseline
+        from training.evaluation import evaluation_refusal
 
-    baseline = majority_baseline(dataset.train.labels, dataset.test.labels)
-    say(
-        f"done in {trained:.0f} s: test accuracy {accuracy:.3f} ({baseline.describe()}), "
-        f"AUC {auc:.3f} (chance 0.5) on {len(dataset.test.labels)} test images"
-    )
+        say(f"the platform's evaluation: {evaluation_refusal(done)}; the demo scores it itself")
+        accuracy, auc = vertical_test_metrics(done, finals, hospitals, dataset)
+        from medsplit.training.evaluate import majority_baseline
+
+        baseline = majority_baseline(dataset.train.labels, dataset.test.labels)
+        say(
+            f"done in {trained:.0f} s: test accuracy {accuracy:.3f} ({baseline.describe()}), "
+            f"AUC {auc:.3f} (chance 0.5) on {len(dataset.test.labels)} test images"
+        )
+    else:
+        say("evaluating the final model at each hospital, on its own test set ...")
+        results = evaluated(actor, job.pk, children)
+        for line in result_lines(results, trained):
+            say(line)
     if not args.exit_when_done:
         say(f"the dashboard stays up: {sign_in_again}")
     return 0
 
 
-def trained_segments(job, final: Path):
-    """The job's model, its segments in forward order with the trained weights: the first
-    hospital's final front (and head), the server's checkpoint (the demo holds every party's
-    weights on this one machine; a real consortium never does)."""
-    from medsplit.protocol.handoff import import_parties
-    from medsplit.training.setup import client_parties, server_party
-    from medsplit.turns.server import SERVER_PARTY
-    from medsplit.turns.stores import read_verified
-    from training.runs import checkpoint_dir
-    from workers.turn_runner import job_model
+def evaluated(actor, job_id: int, children: Children) -> dict:
+    """The job's results once its evaluation at every hospital ended (the results API's
+    selector: what ``GET /api/jobs/{id}/results/`` serves)."""
+    from training.selectors import job_results
 
-    config = job.training_config()
-    model = job_model(job)
-    split = model.split(config)
-    server = server_party(split, config)
-    row = job.server_checkpoint
-    import_parties(read_verified(checkpoint_dir() / row.path, row.sha256), {SERVER_PARTY: server})
-    clients = client_parties(split, config)
-    import_parties(final.read_bytes(), clients)
-    segments = [clients["front"].module, server.module]
-    if "head" in clients:
-        segments.append(clients["head"].module)
-    return model, config, segments
+    while True:
+        results = job_results(actor=actor, job_id=job_id)
+        if (results["evaluation"] or {}).get("status") == "completed":
+            return results
+        children.check()
+        time.sleep(0.5)
 
 
-def test_metrics(job, final: Path, dataset: Dataset) -> tuple[float, float]:
-    """Accuracy and AUC of the trained model on the test split."""
-    from hospital_agent.data import LocalData, prepare
-    from medsplit.data import DataSplit
-    from medsplit.training.evaluate import score
+def result_lines(results: dict, trained: float) -> list[str]:
+    """The demo's closing lines: each hospital's figures on its own test set, then their
+    mean weighted by test size, as the results API serves them."""
 
-    model, _, segments = trained_segments(job, final)
-    images, labels = dataset.test.images, dataset.test.labels
-    test = prepare(
-        LocalData(DataSplit(images, labels), DataSplit(images[:1], labels[:1])),
-        input_shape=model.input_shape,
-        num_classes=model.num_classes,
-    ).train
-    metrics = score(segments, test)
-    return metrics["val_accuracy"], metrics.get("val_auc", float("nan"))
+    def figures(entry: dict) -> str:
+        if results["task"] == "segmentation":
+            return f"test mean Dice {entry['dice']:.3f} (MONAI's DiceMetric over the foreground)"
+        auc = "n/a" if entry.get("auc") is None else f"{entry['auc']:.3f}"
+        return (
+            f"test accuracy {entry['accuracy']:.3f} (majority-class baseline "
+            f"{entry['baseline_accuracy']:.3f}), AUC {auc} (chance 0.5)"
+        )
 
-
-def segmentation_test_metrics(job, final: Path, folder: Path) -> tuple[float, float]:
-    """Mean Dice of the trained model on the test folder, read as an agent reads its own
-    (``read_segmentation_folder``: PNGs scaled per image, masks kept as class indices), as
-    the turns' validation computes it (``evaluate(task=...)``, MONAI's ``DiceMetric``);
-    and what predicting the background everywhere would score."""
-    import torch
-
-    from hospital_agent.data.masks import read_segmentation_folder
-    from medsplit.training.evaluate import evaluate, segmentation_metrics
-
-    model, config, segments = trained_segments(job, final)
-    test, _ = read_segmentation_folder(
-        folder, None, input_shape=model.input_shape, num_classes=model.num_classes
+    lines = []
+    for entry in results["hospitals"]:
+        if entry["status"] == "completed":
+            lines.append(f"  {entry['name']}: {figures(entry)} on {entry['test_samples']} images")
+        else:
+            lines.append(f"  {entry['name']}: {entry['status']} {entry.get('reason', '')}".rstrip())
+    mean = results["weighted_mean"]
+    if mean is None:
+        return [*lines, f"done in {trained:.0f} s: no hospital could evaluate the final model"]
+    lines.append(
+        f"done in {trained:.0f} s: {figures(mean)}: the {mean['label']}, over "
+        f"{mean['hospitals']} hospitals, on {mean['test_samples']} test images"
     )
-    scored = evaluate(segments, test, task=config.task, loss_fn=config.loss_fn())
-    background = torch.zeros(len(test), model.num_classes, *test.labels.shape[2:])
-    background[:, 0] = 1.0
-    guess = segmentation_metrics(background, test.labels, loss_fn=config.loss_fn())
-    return float(scored.dice), guess["val_dice"]
+    return lines
 
 
 def vertical_test_metrics(

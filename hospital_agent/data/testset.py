@@ -63,7 +63,7 @@ class TestSettings:
     samples: int = 0
 
 
-def test_source(pool: DataSource, settings: TestSettings) -> DataSource | None:
+def local_test_source(pool: DataSource, settings: TestSettings) -> DataSource | None:
     """Where the test set comes from, as a source of its own; ``None``: no test set.
 
     Raises:
@@ -161,6 +161,6 @@ __all__ = [
     "TestSettings",
     "check_test",
     "load_test_for_job",
-    "test_source",
+    "local_test_source",
     "with_test",
 ]

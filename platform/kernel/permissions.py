@@ -27,7 +27,9 @@ feature follows:
   counts, and nothing else**: not its steps, bytes, times, losses, metrics, metric
   points, feature set or failure reasons, nor a job state reason that tells another
   hospital's failure (they see which turn failed, not why). Totals cover the turns they
-  see in full;
+  see in full. Of a completed job's evaluation (its results) they see their own
+  hospital's figures and test size, each other participant's evaluation status only,
+  and the figures' mean across hospitals weighted by test size (without the total);
 - a hospital's agent sees its own assignments, its own turns and its own failure
   reasons; of the other participants only what handing weights on needs (slug, position,
   public key, whose sealed weights to start from);

@@ -165,7 +165,7 @@ def test_a_signed_out_visit_logs_no_favicon_404_and_no_401(browser, demo: DemoRu
 def test_the_job_ends_with_its_results_beside_the_baseline(finished: DemoRun) -> None:
     demo = finished
     assert "medsplit demo | completed" in demo.lines
-    demo.found(r"test accuracy [0-9.]+ \(majority-class baseline [0-9.]+ \(always class \d\)\)")
+    demo.found(r"test accuracy [0-9.]+ \(majority-class baseline [0-9.]+\), AUC")
     assert demo.process.poll() is None, "still running after the job"
 
 
