@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('hospitals', '0004_agent_reports'),
-        ('training', '0013_description_version_3'),
+        ('training', '0014_description_version_4'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
