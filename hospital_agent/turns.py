@@ -38,6 +38,7 @@ from hospital_agent.alignment import AlignmentFailed, align_records
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
 from hospital_agent.data import DataProblem, LocalData, load_for_job, load_vertical
+from hospital_agent.hijack import detected_before, refuse, stop_taking_part
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
@@ -51,6 +52,7 @@ from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
+from medsplit.defenses.hijack import HijackDetected
 from medsplit.errors import ChannelError, ConfigError, MedSplitError, SealError, UnknownModelError
 from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
@@ -222,6 +224,10 @@ class TurnTaker:
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
             return None
         job, model, config = assignment.job, assignment.model(), assignment.config()
+        hijacked = detected_before(self.jobs_dir(job))
+        if hijacked is not None:  # no further step of a job whose server hijacked it
+            refuse(self.coordinator, job=job, turn_id=turn["id"], reason=hijacked)
+            return None
         ids = TurnIds(
             config.job, turn["round"], assignment.raw["position"], config.mode, config.codec
         )
@@ -314,6 +320,11 @@ class TurnTaker:
             outcome = self._run(client)
         except FrameRejected as e:
             report_refusal(self.coordinator, job=job, turn_id=turn["id"], refusal=e)
+            return ClientOutcome.STOPPED
+        except HijackDetected as e:
+            stop_taking_part(
+                self.coordinator, job=job, turn_id=turn["id"], folder=self.jobs_dir(job), error=e
+            )
             return ClientOutcome.STOPPED
         finally:
             bar.close()
