@@ -275,31 +275,37 @@ class TurnTaker:
             if scores is not None and received is not None:
                 scores.saw(result.ids.step, received)
 
-        client = TurnClient(
-            ids=ids,
-            channel=self.relay.channel(),
-            streams=assignment.relay_keys.streams(config.job, self.me),
-            split=split,  # type: ignore[arg-type]
-            parties=vertical.parties if vertical else lambda: client_parties(split, config),
-            start=start,
-            config=config,
-            train=data.train,
-            val=data.val if len(data.val) else None,
-            snapshots=FileSnapshots(folder),
-            reply_timeout=self.config.reply_timeout,
-            on_step=on_step,
-            stop=self.stopping,
-            device=self.config.device,
-            limits=turn_limits(
-                config,
-                num_classes=model.num_classes,
-                train=len(data.train),
-                val=len(data.val),
-                label_shape=assignment.description().label_shape,
-            ),
-            role=vertical.role if vertical else None,
-            batches=vertical.batches if vertical else None,
-        )
+        try:
+            client = TurnClient(
+                ids=ids,
+                channel=self.relay.channel(),
+                streams=assignment.relay_keys.streams(config.job, self.me),
+                split=split,  # type: ignore[arg-type]
+                parties=vertical.parties if vertical else lambda: client_parties(split, config),
+                start=start,
+                config=config,
+                train=data.train,
+                val=data.val if len(data.val) else None,
+                snapshots=FileSnapshots(folder),
+                reply_timeout=self.config.reply_timeout,
+                on_step=on_step,
+                stop=self.stopping,
+                device=self.config.device,
+                limits=turn_limits(
+                    config,
+                    num_classes=model.num_classes,
+                    train=len(data.train),
+                    val=len(data.val),
+                    label_shape=assignment.description().label_shape,
+                ),
+                role=vertical.role if vertical else None,
+                batches=vertical.batches if vertical else None,
+            )
+        except ConfigError as e:  # the job's hijacking check cannot run on this data
+            bar.close()
+            logger.error("job %s: %s", job, e)
+            self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
+            return None
         bar.total = client.train_steps
         # Where the loss is computed here, only this agent can tell the dashboard.
         mode = require_mode(config.mode, setting=EXTRA_MODES_SETTING)

@@ -24,7 +24,7 @@ from medsplit.turns import ClientOutcome
 from tests.hijack_server import FeatureSpaceHijacker, HijackRun, run_turn
 from tests.redis_server import session_keys
 
-TRAIN = synthetic_split(96, seed=0)
+TRAIN = synthetic_split(64, seed=0)
 AUX = synthetic_split(64, seed=1)
 CUT = "pool1"
 
@@ -38,7 +38,7 @@ def _turn(redis_url: str, *, hijack: bool) -> HijackRun:
         server_optimizer=adam,
         batch_size=16,
         job=f"hijack-{uuid.uuid4().hex[:12]}",
-        privacy=PrivacyOptions(hijack_detection=HijackDetection(honest_records=64)),
+        privacy=PrivacyOptions(hijack_detection=HijackDetection(honest_records=48)),
     )
     model = build_model("small_cnn", spatial_dims=2, in_channels=1, num_classes=2, seed=0)
     split = split_model(model, TRAIN.images[:2], (CUT,))

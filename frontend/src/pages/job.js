@@ -19,6 +19,7 @@
 // round ends.
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
 
+import { hijackAlerts } from "./hijack-alerts.js";
 import { api, apiAll, CoordinatorUnreachable } from "../api.js";
 import { every, isConsortiumAdmin } from "../app.js";
 import { ago, badge, bytes, duration, el, swap, table, toast } from "../ui.js";
@@ -345,11 +346,14 @@ export async function render(root, [id], session) {
   // Only a job with passive parties (vertical) has a label-leakage audit.
   const leakageHeading = el("h2", { hidden: true }, "Label leakage");
   const leakageBox = el("div", { class: "job-leakage", "data-testid": "leakage" });
+  // A hospital that found the server hijacking its training says so above everything.
+  const hijackBox = el("div", { "data-testid": "hijack-alerts" });
 
   root.append(
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
     title,
     head,
+    hijackBox,
     updated,
     controls || "", // append(null) would show "null"
     stats,
@@ -827,6 +831,10 @@ export async function render(root, [id], session) {
   // The label party's audit of what the gradients it sends back tell a passive party about
   // its labels (platform/training/leakage.py): kept for every job whose parties hold
   // different features, the jobs that align their records.
+  function drawHijack() {
+    hijackBox.replaceChildren(...hijackAlerts(job.hijack_alerts, "job", hospitalName));
+  }
+
   function drawLeakage() {
     const rows = [...(job.label_leakage || [])].sort((a, b) => a.round - b.round || a.hospital.localeCompare(b.hospital));
     const shown = rows.length > 0 || aligns();
@@ -983,6 +991,7 @@ export async function render(root, [id], session) {
     drawAggregations();
     drawAlignment();
     drawLeakage();
+    drawHijack();
     status = newStatus;
     turns = newTurns || [];
     drawState();
@@ -1026,6 +1035,7 @@ export async function render(root, [id], session) {
   drawConfig();
   drawAlignment();
   drawLeakage();
+  drawHijack();
   stopPoll = every(POLL_SECONDS, refresh);
   return () => {
     stopped = true;
