@@ -83,6 +83,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "bench_privacy", 11, (), ("--cuts", "conv1,pool2", "--train-steps", "30", "--steps", "60")
     ),
+    # 11 minutes at a load of 12 on the 2 cores (2026-12-02).
+    Benchmark("bench_hijack", 11, (), ("--runs", "1", "--undetected-epochs", "1")),
 )
 
 

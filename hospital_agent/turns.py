@@ -45,6 +45,7 @@ from hospital_agent.data import (
     load_vertical,
 )
 from hospital_agent.data.testset import NO_TEST_SET, load_test_for_job, local_test_source
+from hospital_agent.hijack import detected_before, refuse, stop_taking_part
 from hospital_agent.identity import Credentials, write_private
 from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
@@ -58,6 +59,7 @@ from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
+from medsplit.defenses.hijack import HijackDetected
 from medsplit.errors import ChannelError, ConfigError, MedSplitError, SealError, UnknownModelError
 from medsplit.models import require_model_module
 from medsplit.modes import Side, StartFrom, require_mode
@@ -233,6 +235,10 @@ class TurnTaker:
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
             return None
         job, model, config = assignment.job, assignment.model(), assignment.config()
+        hijacked = detected_before(self.jobs_dir(job))
+        if hijacked is not None:  # no further step of a job whose server hijacked it
+            refuse(self.coordinator, job=job, turn_id=turn["id"], reason=hijacked)
+            return None
         ids = TurnIds(
             config.job, turn["round"], assignment.raw["position"], config.mode, config.codec
         )
@@ -280,31 +286,37 @@ class TurnTaker:
             if scores is not None and received is not None:
                 scores.saw(result.ids.step, received)
 
-        client = TurnClient(
-            ids=ids,
-            channel=self.relay.channel(),
-            streams=assignment.relay_keys.streams(config.job, self.me),
-            split=split,  # type: ignore[arg-type]
-            parties=vertical.parties if vertical else lambda: client_parties(split, config),
-            start=start,
-            config=config,
-            train=data.train,
-            val=data.val if len(data.val) else None,
-            snapshots=FileSnapshots(folder),
-            reply_timeout=self.config.reply_timeout,
-            on_step=on_step,
-            stop=self.stopping,
-            device=self.config.device,
-            limits=turn_limits(
-                config,
-                num_classes=model.num_classes,
-                train=len(data.train),
-                val=len(data.val),
-                label_shape=assignment.description().label_shape,
-            ),
-            role=vertical.role if vertical else None,
-            batches=vertical.batches if vertical else None,
-        )
+        try:
+            client = TurnClient(
+                ids=ids,
+                channel=self.relay.channel(),
+                streams=assignment.relay_keys.streams(config.job, self.me),
+                split=split,  # type: ignore[arg-type]
+                parties=vertical.parties if vertical else lambda: client_parties(split, config),
+                start=start,
+                config=config,
+                train=data.train,
+                val=data.val if len(data.val) else None,
+                snapshots=FileSnapshots(folder),
+                reply_timeout=self.config.reply_timeout,
+                on_step=on_step,
+                stop=self.stopping,
+                device=self.config.device,
+                limits=turn_limits(
+                    config,
+                    num_classes=model.num_classes,
+                    train=len(data.train),
+                    val=len(data.val),
+                    label_shape=assignment.description().label_shape,
+                ),
+                role=vertical.role if vertical else None,
+                batches=vertical.batches if vertical else None,
+            )
+        except ConfigError as e:  # the job's hijacking check cannot run on this data
+            bar.close()
+            logger.error("job %s: %s", job, e)
+            self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
+            return None
         bar.total = client.train_steps
         # Where the loss is computed here, only this agent can tell the dashboard.
         mode = require_mode(config.mode, setting=EXTRA_MODES_SETTING)
@@ -325,6 +337,11 @@ class TurnTaker:
             outcome = self._run(client)
         except FrameRejected as e:
             report_refusal(self.coordinator, job=job, turn_id=turn["id"], refusal=e)
+            return ClientOutcome.STOPPED
+        except HijackDetected as e:
+            stop_taking_part(
+                self.coordinator, job=job, turn_id=turn["id"], folder=self.jobs_dir(job), error=e
+            )
             return ClientOutcome.STOPPED
         finally:
             bar.close()

@@ -236,15 +236,46 @@ class HijackDetection(_Part):
         honest_records: the records of its own training split the hospital simulates
             honest training on (``splitout``).
         probe_probability: the chance a step is a fake-label probe (``splitguard``).
+        simulated_epochs: passes of the honest simulation over ``honest_records``; its
+            steps' gradients are the detector's honest points (``splitout``).
+        neighbours: the outlier detector's neighbours; ``None``: all the honest points
+            but one, as SplitOut does (``splitout``).
+        window, outliers: the hospital stops when ``outliers`` of the server's last
+            ``window`` gradient frames are outliers (``splitout``).
     """
 
     key: ClassVar[str] = "hijack_detection"
     method: str = "splitout"
     honest_records: int = 256
     probe_probability: float = 0.1
+    simulated_epochs: int = 3
+    neighbours: int | None = None
+    window: int = 5
+    outliers: int = 3
 
     def problems(self) -> list[str]:
         out = []
+        if not _integer(self.simulated_epochs) or not 1 <= self.simulated_epochs <= 100:
+            out.append(
+                "hijack_detection.simulated_epochs must be an integer in [1, 100], "
+                f"got {self.simulated_epochs!r}"
+            )
+        if self.neighbours is not None and (
+            not _integer(self.neighbours) or not 1 <= self.neighbours <= 10_000
+        ):
+            out.append(
+                "hijack_detection.neighbours must be an integer in [1, 10000] or null, "
+                f"got {self.neighbours!r}"
+            )
+        if not _integer(self.window) or not 1 <= self.window <= 1000:
+            out.append(
+                f"hijack_detection.window must be an integer in [1, 1000], got {self.window!r}"
+            )
+        elif not _integer(self.outliers) or not 1 <= self.outliers <= self.window:
+            out.append(
+                f"hijack_detection.outliers must be an integer in [1, window={self.window}], "
+                f"got {self.outliers!r}"
+            )
         if self.method not in HIJACK_METHODS:
             out.append(
                 f"hijack_detection.method must be one of {', '.join(HIJACK_METHODS)}, "

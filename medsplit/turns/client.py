@@ -45,6 +45,7 @@ from medsplit.training.schedule import Batch, turn_batches, turn_limits
 from medsplit.turns import control
 from medsplit.turns.checkpoints import CheckpointPolicy
 from medsplit.turns.frameio import FrameCounters, FrameIO
+from medsplit.turns.hijack_guard import HijackGuard
 from medsplit.turns.states import CLIENT_TRANSITIONS, ClientState, TurnState
 from medsplit.turns.stores import StateStore
 from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind
@@ -160,6 +161,10 @@ class TurnClient:
             follow the aligned records' order drawn from the job's seed.
         extra_metrics: values the metrics frame carries beside the turn's own (an
             evaluation's majority-class baseline: :mod:`medsplit.turns.evaluation`).
+        guard: judges every gradient frame at the front's cut before it is applied
+            (:mod:`medsplit.turns.hijack_guard`); by default one fitted here when the
+            job turns ``privacy.hijack_detection`` on. Once it has tripped, every run
+            raises :class:`~medsplit.defenses.hijack.HijackDetected` at once.
 
     What changes while it runs: :attr:`turn_state`, :attr:`parties`, :attr:`role`,
     :attr:`position`, :attr:`policy`, the batches, :attr:`record` and
@@ -189,6 +194,7 @@ class TurnClient:
         role: Callable[[dict[str, Party]], ClientRole] | None = None,
         batches: Callable[[int], Iterator[Batch]] | None = None,
         extra_metrics: Mapping[str, float] | None = None,
+        guard: HijackGuard | None = None,
     ) -> None:
         self.ids = ids
         self.extra_metrics = dict(extra_metrics or {})
@@ -229,6 +235,10 @@ class TurnClient:
         if limits is not None and limits != own:
             raise ConfigError(f"the turn's limits {limits} are not those of this data: {own}")
         self.limits = own
+        if guard is None and config.privacy.hijack_detection is not None:
+            guard = self._simulated_guard(start)
+        self.guard = guard
+        self._labels: torch.Tensor | None = None
         self.turn_state = TurnState(CLIENT_TRANSITIONS, ClientState.STARTING, side="hospital")
         self.parties: dict[str, Party] = {}
         self.role: ClientRole | None = None
@@ -239,6 +249,17 @@ class TurnClient:
         self.record = TurnRecord()
         #: Every step this turn resumed at, over all runs (a run cut short included).
         self.resumed_at: list[int] = []
+
+    def _simulated_guard(self, start: bytes) -> HijackGuard:
+        parties = self.make_parties()
+        import_parties(start, parties)
+        return HijackGuard.simulated(
+            split=self.split,
+            config=self.config,
+            parties=parties,
+            train=self.train,
+            loss_fn=self.loss_fn,
+        )
 
     @property
     def train_steps(self) -> int:
@@ -272,7 +293,11 @@ class TurnClient:
             FrameRejected: a frame of the server failed a check (its form, batch, finite
                 values); nothing of it was applied, and the snapshots are as they were.
             ProtocolError: the server sent frames that break the protocol.
+            HijackDetected: the guard found the server's gradients unlike honest ones;
+                the frame that tripped it was not applied.
         """
+        if self.guard is not None and self.guard.detector.tripped is not None:
+            raise self.guard.detector.tripped  # no further step of a hijacked job
         report = ClientReport(ClientOutcome.STOPPED)
         self.io.counters = FrameCounters()
         # Each run is a new start of this side: a hello, a handshake.
@@ -428,6 +453,7 @@ class TurnClient:
         if self.position < self.train_steps:
             batch = next(self._batches)
             self._in_step = True
+            self._labels = batch.y
             return self.role.start(batch.ids, batch.x.to(self.device), batch.y.to(self.device))
         if self.position < self.metrics_step:
             x = self._val_images(self.position - self.train_steps).to(self.device)
@@ -446,6 +472,8 @@ class TurnClient:
             return self._next_frame()
         if not self._in_step:
             raise ProtocolError(f"a {frame.meta.kind} frame came with no step in flight")
+        if self.guard is not None:
+            self.guard.check(frame, self._labels)  # before anything of it is applied
         # The role checks the frame (form, batch, finite values) before applying it.
         result = self.role.receive(self._on_device(frame))
         if isinstance(result, Frame):

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from hospitals.hijack import is_hijack_report, record_hijack_report
 from hospitals.models import Hospital
 from kernel.actors import Actor
 from kernel.errors import Conflict, InvalidInput, NotFound
@@ -192,6 +193,8 @@ def agent_problem_report(*, actor: Actor, job_id: int, turn_id: int, reason: str
             job_id=job_id,
             details={"reason": reason},
         )
+        if is_hijack_report(reason):
+            record_hijack_report(actor=actor, job_id=job_id, turn_id=turn.pk, reason=reason)
         job_changed_on_commit(job_id)
     return failed
 

@@ -327,12 +327,12 @@ def test_a_job_description_of_another_version_is_refused_saying_so() -> None:
 
     taker = object.__new__(TurnTaker)  # nothing else of it is reached
     taker.coordinator = Coordinator()
-    described = {"version": 4, "mode": "vanilla", "layers": 12}
+    described = {"version": 5, "mode": "vanilla", "layers": 12}
     assignment = Assignment({"job": 4, "description": described, "turn": {"id": 9, "round": 0}})
     assert taker.take(assignment) is None
     ((job, turn, reason),) = Coordinator.reasons
     assert (job, turn) == (4, 9)
-    assert "version: version 4 is not one this party reads (it reads 1, 2, 3)" in reason
+    assert "version: version 5 is not one this party reads (it reads 1, 2, 3, 4)" in reason
 
 
 def test_a_factory_model_from_a_module_this_agent_does_not_list_is_refused_before_import(

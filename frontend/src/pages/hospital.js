@@ -2,6 +2,7 @@
 // issue enrolment codes and revoke tokens here. A hospital the caller may not see is a 404
 // from the API, which this page lets through to the router ("Not found").
 
+import { hijackAlerts } from "./hijack-alerts.js";
 import { api, apiAll, ApiError } from "../api.js";
 import { isConsortiumAdmin, poll } from "../app.js";
 import { ago, badge, busy, el, latest, swap, toast } from "../ui.js";
@@ -53,6 +54,7 @@ export async function render(root, params) {
       title.textContent = hospital.name;
       swap(detailsBox, details(hospital, turnsNow(activeJobs).get(hospital.slug)));
       swap(datasetBox, dataset(hospital.dataset_summary, hospital.data_problem));
+      swap(hijackBox, ...hijackAlerts(hospital.hijack_alerts, "hospital"));
       if (admin) swap(actionsBox, ...actionButtons(hospital));
       if (tokens) swap(tokensBox, tokenTable(tokens));
       if (jobs) swap(jobsBox, jobTable(jobs, slug, hospital.dataset_summary));
@@ -139,10 +141,12 @@ export async function render(root, params) {
     jobsBox,
   );
 
+  const hijackBox = el("div", { "data-testid": "hijack-alerts" });
   root.append(
     title,
     el("p", {}, el("a", { href: "#/hospitals" }, "← All hospitals")),
     codeHolder,
+    hijackBox,
     ...(admin ? [actionsBox] : []),
     el(
       "div",

@@ -24,6 +24,7 @@
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
 // Links: the job's result document, /jobs/<id>/document/ and its download (platform/reports/).
 
+import { hijackAlerts } from "./hijack-alerts.js";
 import { api, apiAll, CoordinatorUnreachable } from "../api.js";
 import { every, isConsortiumAdmin } from "../app.js";
 import { ago, badge, bytes, duration, el, swap, table, toast } from "../ui.js";
@@ -373,12 +374,15 @@ export async function render(root, [id], session) {
   // Only a job with passive parties (vertical) has a label-leakage audit.
   const leakageHeading = el("h2", { hidden: true }, "Label leakage");
   const leakageBox = el("div", { class: "job-leakage", "data-testid": "leakage" });
+  // A hospital that found the server hijacking its training says so above everything.
+  const hijackBox = el("div", { "data-testid": "hijack-alerts" });
 
   root.append(
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
     title,
     head,
     documentLinks,
+    hijackBox,
     updated,
     controls || "", // append(null) would show "null"
     stats,
@@ -857,6 +861,10 @@ export async function render(root, [id], session) {
   // The label party's audit of what the gradients it sends back tell a passive party about
   // its labels (platform/training/leakage.py): kept for every job whose parties hold
   // different features, the jobs that align their records.
+  function drawHijack() {
+    hijackBox.replaceChildren(...hijackAlerts(job.hijack_alerts, "job", hospitalName));
+  }
+
   function drawLeakage() {
     const rows = [...(job.label_leakage || [])].sort((a, b) => a.round - b.round || a.hospital.localeCompare(b.hospital));
     const shown = rows.length > 0 || aligns();
@@ -1079,6 +1087,7 @@ export async function render(root, [id], session) {
     drawAggregations();
     drawAlignment();
     drawLeakage();
+    drawHijack();
     status = newStatus;
     turns = newTurns || [];
     drawState();
@@ -1125,6 +1134,7 @@ export async function render(root, [id], session) {
   drawAlignment();
   drawLeakage();
   drawResults();
+  drawHijack();
   stopPoll = every(POLL_SECONDS, refresh);
   return () => {
     stopped = true;

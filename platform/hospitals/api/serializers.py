@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from audit.witness import audit_head
+from hospitals.hijack import hijack_alerts
 from hospitals.models import AgentToken, Hospital
 from hospitals.selectors import hospital_is_online
 from kernel.api.strict import (
@@ -213,6 +214,10 @@ class HospitalSerializer(serializers.ModelSerializer):
     relay_suspension = serializers.SerializerMethodField(
         help_text="why its relay user is suspended, and since when; null when it is not"
     )
+    hijack_alerts = serializers.SerializerMethodField(
+        help_text="jobs in which its agent found the server hijacking its training and "
+        "stopped taking part (privacy.hijack_detection): job, turn, when, the reason"
+    )
 
     class Meta:
         model = Hospital
@@ -235,6 +240,7 @@ class HospitalSerializer(serializers.ModelSerializer):
             "dataset_summary",
             "data_problem",
             "relay_suspension",
+            "hijack_alerts",
         ]
         read_only_fields = fields
         extra_kwargs = {
@@ -262,6 +268,10 @@ class HospitalSerializer(serializers.ModelSerializer):
         if credential is None or credential.suspended_at is None:
             return None
         return {"since": credential.suspended_at, "reason": credential.suspended_reason}
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_hijack_alerts(self, hospital: Hospital) -> list[dict[str, Any]]:
+        return hijack_alerts(hospital=hospital.slug)
 
     @extend_schema_field(DatasetSummarySerializer(allow_null=True))
     def get_dataset_summary(self, hospital: Hospital) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from hospitals.hijack import hijack_alerts
 from kernel.actors import Actor
 from kernel.permissions import sees_participant_in_full
 from medsplit.errors import UnknownModeError
@@ -169,6 +170,11 @@ class JobSerializer(serializers.ModelSerializer):
         "passive party, the records scored and the norm and cosine attacks' ROC AUC against "
         "the labels (0.5 is chance; 1.0 or 0.0 recovers every label)"
     )
+    hijack_alerts = serializers.SerializerMethodField(
+        help_text="hospitals whose agent found the server's gradients unlike honest "
+        "training's and stopped taking part (privacy.hijack_detection): who, which turn, "
+        "when, and the agent's reason"
+    )
     task = serializers.SerializerMethodField(
         help_text="what it learns (GET /api/tasks/): classification or segmentation"
     )
@@ -198,6 +204,7 @@ class JobSerializer(serializers.ModelSerializer):
             "aggregations",
             "alignment",
             "label_leakage",
+            "hijack_alerts",
             "current_round",
             "created_by",
             "created_at",
@@ -229,6 +236,10 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_label_leakage(self, job: Job) -> list[dict]:
         return leakage_summary(job)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_hijack_alerts(self, job: Job) -> list[dict]:
+        return hijack_alerts(job_id=job.pk)
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)
