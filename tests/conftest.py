@@ -1,4 +1,9 @@
-"""Fixtures of the whole suite.
+"""Fixtures and test order of the whole suite.
+
+The suite runs on two processes (pytest-xdist, ``addopts`` in pyproject.toml), a file at
+a time on one of them: the files with the most slow tests go first, since most of their
+time is spent waiting on real processes, and the many quick files fill in beside and
+after them, so that neither process is left with a long file at the end.
 
 Every test starts with an empty cache, and every test session uses a relay prefix of its
 own (``MEDSPLIT_RELAY_PREFIX``), so that the suite, a benchmark and a demo sharing one
@@ -15,6 +20,23 @@ import pytest
 import redis
 
 from tests.redis_server import DEFAULT_URL, reachable
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files with the most ``slow`` tests first, each file's tests in their own order
+    (xdist hands the files out in this order: ``--no-loadscope-reorder``)."""
+    slow: dict[str, int] = {}
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        first_seen.setdefault(path, index)
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+
+    def place(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return -slow[path], first_seen[path]
+
+    items.sort(key=place)  # stable: a file's tests keep their order
 
 
 @pytest.fixture(autouse=True)
