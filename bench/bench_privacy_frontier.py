@@ -234,17 +234,17 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
         ):
             ax = axes[row_index][col]
             for r in rows:
-                if r[key] is None:
+                if r[key] is None or r["test_auc"] is None:
                     continue
                 colour = "tab:blue" if r["cut"] == rows[0]["cut"] else "tab:orange"
-                ax.scatter(r[key], r["test_accuracy"], marker=markers[r["defense"]], color=colour)
+                ax.scatter(r[key], r["test_auc"], marker=markers[r["defense"]], color=colour)
                 ax.annotate(
                     f"{r['defense'].split('_')[0]} {r['strength']}".replace(" -", ""),
                     (r[key], r["test_accuracy"]),
                     fontsize=7,
                 )
             ax.set_xlabel(label)
-            ax.set_ylabel("test accuracy")
+            ax.set_ylabel("test ROC AUC")
             cuts = list(dict.fromkeys(r["cut"] for r in rows))
             ax.set_title(f"{TITLES[name]} (blue: {cuts[0]}, orange: {cuts[-1]})")
     fig.tight_layout()
