@@ -57,7 +57,15 @@ __all__ = [
 #: The most rounds between two audits (a job has at most this many rounds in practice).
 MAX_AUDIT_INTERVAL = 10_000
 #: Detection methods and what each needs of the mode.
-HIJACK_METHODS = ("splitout", "splitguard")
+HIJACK_METHODS = ("splitout",)
+
+
+#: Why a mode whose parties hold different features of a record takes no activation noise.
+VERTICAL_ACTIVATION_NOISE = (
+    "activation_noise is not available in a mode whose parties hold different features of "
+    "the same records: its accounting needs each party's own Poisson sampling, and the "
+    "parties' batches must be the same records (NoPeek and gradient_noise work in this mode)"
+)
 
 
 class PrivacyOptionsError(ConfigError):
@@ -231,12 +239,11 @@ class HijackDetection(_Part):
     """Each hospital's check of the gradients it receives for a hijacking server.
 
     Attributes:
-        method: ``splitout`` (an outlier detector fitted on gradients the hospital
-            simulates honestly on a share of its own data; any mode) or ``splitguard``
-            (fake-label probes; labels at the server only, and not exact while on).
+        method: ``splitout``, an outlier detector fitted on gradients the hospital
+            simulates honestly on a share of its own data (any mode but vertical).
+            SplitGuard's fake-label probes are not built, so not accepted.
         honest_records: the records of its own training split the hospital simulates
             honest training on (``splitout``).
-        probe_probability: the chance a step is a fake-label probe (``splitguard``).
         simulated_epochs: passes of the honest simulation over ``honest_records``; its
             steps' gradients are the detector's honest points (``splitout``).
         neighbours: the outlier detector's neighbours; ``None``: all the honest points
@@ -248,7 +255,6 @@ class HijackDetection(_Part):
     key: ClassVar[str] = "hijack_detection"
     method: str = "splitout"
     honest_records: int = 256
-    probe_probability: float = 0.1
     simulated_epochs: int = 3
     neighbours: int | None = None
     window: int = 5
@@ -286,11 +292,6 @@ class HijackDetection(_Part):
             out.append(
                 "hijack_detection.honest_records must be an integer in [16, 100000], "
                 f"got {self.honest_records!r}"
-            )
-        if not _number(self.probe_probability) or not 0 < self.probe_probability < 1:
-            out.append(
-                "hijack_detection.probe_probability must be a number in (0, 1), "
-                f"got {self.probe_probability!r}"
             )
         return out
 
@@ -334,7 +335,6 @@ class PrivacyOptions:
                 self.nopeek,
                 self.label_noise,
                 self.gradient_noise,
-                self.hijack_detection is not None and self.hijack_detection.method == "splitguard",
             )
         )
 
@@ -389,13 +389,14 @@ def _read(data: object) -> tuple[PrivacyOptions | None, list[str]]:
 
 
 def privacy_problems(
-    data: object, *, labels_at_server: bool | None
+    data: object, *, labels_at_server: bool | None, feature_sets: bool = False
 ) -> tuple[PrivacyOptions | None, list[str]]:
     """The options read from ``data`` and every reason they do not fit the job's mode.
 
     Args:
         labels_at_server: whether the mode sends the labels to the server (``None``: the
             mode is not known yet, so the mode's rules are skipped).
+        feature_sets: whether the mode's parties hold different features of a record.
     """
     options, reasons = _read(data)
     if options is None or labels_at_server is None:
@@ -410,10 +411,12 @@ def privacy_problems(
             "gradient_noise protects the labels a hospital keeps; in this mode they travel "
             "to the server (label_noise randomises them)"
         )
-    splitguard = options.hijack_detection and options.hijack_detection.method == "splitguard"
-    if splitguard and not labels_at_server:
+    if feature_sets and options.activation_noise:
+        reasons.append(VERTICAL_ACTIVATION_NOISE)
+    if feature_sets and options.hijack_detection:
         reasons.append(
-            "hijack_detection splitguard sends fake labels to the server, so it needs "
-            "the labels at the server; splitout works in every mode"
+            "hijack_detection is not available in a mode whose parties hold different "
+            "features of the same records: a party's front is not the model's first "
+            "segment, so it cannot simulate honest training of the rest"
         )
     return (None if reasons else options), reasons

@@ -654,7 +654,10 @@ def _check_privacy(mode: SplitMode | None, values, problems, normal, present) ->
     if isinstance(given, PrivacyOptions):
         given = given.to_json()
     labels_at_server = None if mode is None else mode.labels == Side.SERVER
-    options, reasons = privacy_problems(given, labels_at_server=labels_at_server)
+    feature_sets = mode is not None and mode.feature_sets
+    options, reasons = privacy_problems(
+        given, labels_at_server=labels_at_server, feature_sets=feature_sets
+    )
     for reason in reasons:
         _add(problems, "privacy", reason)
     if options is not None:

@@ -467,3 +467,23 @@ def test_privacy_problems_name_the_setting_and_the_mode() -> None:
     assert "exactly one of noise_multiplier" in both["privacy"][0]
     typo = problems_of(described(privacy={"nopeek": {"wieght": 1}}))
     assert "nopeek has no setting 'wieght' (it takes weight)" in typo["privacy"][0]
+
+
+def test_a_vertical_job_takes_no_activation_noise_nor_hijack_check() -> None:
+    # Each party's own Poisson draw would break the parties' shared batches, and a party's
+    # front is not the model's first segment: both are refused before any party builds.
+    problems = problems_of(
+        described(
+            mode="vertical",
+            cuts=["pool1", "pool"],
+            privacy={
+                "activation_noise": {"noise_multiplier": 1.0},
+                "hijack_detection": {"method": "splitout"},
+            },
+        )
+    )
+    reasons = " / ".join(problems["privacy"])
+    assert "activation_noise is not available in a mode whose parties hold" in reasons
+    assert "hijack_detection is not available" in reasons
+    splitguard = problems_of(described(privacy={"hijack_detection": {"method": "splitguard"}}))
+    assert "must be one of splitout, got 'splitguard'" in splitguard["privacy"][0]
