@@ -22,6 +22,7 @@ urlpatterns = [
     path(
         "jobs/<int:job_id>/loss-series/", views.JobLossSeriesView.as_view(), name="job-loss-series"
     ),
+    path("jobs/<int:job_id>/privacy/", views.JobPrivacyView.as_view(), name="job-privacy"),
     path(
         "jobs/<int:job_id>/schedule/",
         views.transition_view(JobState.SCHEDULED, "Schedule a draft job (consortium admins)"),
@@ -77,6 +78,11 @@ urlpatterns = [
         "agent/assignments/<int:job_id>/leakage/",
         views.AgentLeakageView.as_view(),
         name="agent-leakage",
+    ),
+    path(
+        "agent/assignments/<int:job_id>/privacy/",
+        views.AgentPrivacyView.as_view(),
+        name="agent-privacy",
     ),
     path(
         "agent/assignments/<int:job_id>/problems/",
