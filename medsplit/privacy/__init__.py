@@ -2,8 +2,8 @@
 distance correlation with the inputs, and label leakage from the gradients a hospital
 sends. Sits on ``training`` and ``cutting``; the hospital runs it on its own data."""
 
+from medsplit.defenses.distance import distance_correlation, u_distance_correlation_sqr
 from medsplit.privacy.audit import AuditSettings, PrivacyReport, audit_cut, check_one_tensor
-from medsplit.privacy.distance import distance_correlation, u_distance_correlation_sqr
 from medsplit.privacy.inversion import (
     InversionDecoder,
     InversionSettings,

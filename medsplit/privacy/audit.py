@@ -25,9 +25,9 @@ import torch
 from medsplit.channel import InMemoryChannel, RelayKeys
 from medsplit.cutting import SplitModel, split_model
 from medsplit.data import DataSplit
+from medsplit.defenses.distance import distance_correlation
 from medsplit.errors import ConfigError, CutError
 from medsplit.modes import Side
-from medsplit.privacy.distance import distance_correlation
 from medsplit.privacy.inversion import (
     InversionSettings,
     image_quality,

@@ -89,6 +89,9 @@ class FrameLimits:
             (classification), ``(1, *spatial)`` a mask (segmentation,
             :func:`medsplit.training.tasks.label_shape`). Labels that travel must have
             it, and validation logits are ``(B, num_classes, *spatial)``.
+        max_batch: the largest training batch when batches vary in size (Poisson
+            sampling, activation noise: :func:`medsplit.defenses.accounting.poisson_bound`);
+            ``None``: ``batch_size``.
     """
 
     batch_size: int
@@ -97,8 +100,18 @@ class FrameLimits:
     train_steps: int | None = None
     val_samples: int | None = None
     label_shape: tuple[int, ...] = ()
+    max_batch: int | None = None
+
+    @property
+    def largest_batch(self) -> int:
+        """The most samples a training batch may hold."""
+        return self.max_batch if self.max_batch is not None else self.batch_size
 
     def __post_init__(self) -> None:
+        if self.max_batch is not None and (
+            not isinstance(self.max_batch, int) or self.max_batch < self.batch_size
+        ):
+            raise ValueError(f"max_batch must be an integer >= batch_size, got {self.max_batch!r}")
         shape = self.label_shape
         if not isinstance(shape, tuple) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape
@@ -171,6 +184,15 @@ def check_training_batch(frame: Frame, samples: int, limits: FrameLimits | None)
     if samples < 1:
         raise FrameRejected.of(frame, BATCH, "an empty batch cannot be trained on")
     if limits is None:
+        return
+    if limits.max_batch is not None:
+        if samples > limits.max_batch:
+            raise FrameRejected.of(
+                frame,
+                BATCH,
+                f"a batch of {samples} samples; the job's Poisson sampling (activation noise) "
+                f"draws at most {limits.max_batch} per step",
+            )
         return
     if samples > limits.batch_size or (limits.exact_batch and samples != limits.batch_size):
         need = "exactly" if limits.exact_batch else "at most"

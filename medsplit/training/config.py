@@ -83,6 +83,15 @@ class TrainingConfig:
             raise ConfigError(VERTICAL_AUGMENTATION)
         if not isinstance(self.privacy, PrivacyOptions):
             raise ConfigError(f"privacy must be a PrivacyOptions, got {self.privacy!r}")
+        if self.privacy.activation_noise and mode.feature_sets:
+            raise PrivacyOptionsError(
+                [
+                    "activation_noise is not available in a mode whose parties hold "
+                    "different features of the same records: its accounting needs each "
+                    "party's own Poisson sampling, and the parties' batches must be the "
+                    "same records (NoPeek and gradient_noise work in this mode)"
+                ]
+            )
         labels_at_server = self.split_mode.labels == Side.SERVER
         _, reasons = privacy_problems(self.privacy.to_json(), labels_at_server=labels_at_server)
         if reasons:

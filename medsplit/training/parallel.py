@@ -43,6 +43,7 @@ from medsplit.secagg import (
 )
 from medsplit.training.aggregate_state import load_party_state, party_state
 from medsplit.training.config import TrainingConfig
+from medsplit.training.defended import defended_role
 from medsplit.training.schedule import Batch, turn_batches, turn_length
 
 
@@ -73,6 +74,7 @@ class SplitJob(Protocol):
     initial_state: bytes
     client_state: bytes
     server_party: Party
+    num_classes: int | None
 
     def _fresh_client_parties(self) -> dict[str, Party]: ...
 
@@ -221,8 +223,15 @@ def run_parallel_round(
                     index=index,
                     hospital=hospital,
                     parties=parties,
-                    client=mode.client_role(
-                        parties, job.split, codec=config.codec, loss_fn=job.loss_fn
+                    client=defended_role(
+                        mode.client_role(
+                            parties, job.split, codec=config.codec, loss_fn=job.loss_fn
+                        ),
+                        parties,
+                        config,
+                        records=len(hospital.train),
+                        round_=round_,
+                        classes=job.num_classes,
                     ),
                     server_party=server_party,
                     server=job._server_role(hospital, party=server_party),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from medsplit.cutting import SplitModel
+from medsplit.defenses.accounting import largest_poisson_batch
 from medsplit.protocol.optim import OptimizerConfig
 from medsplit.training.config import TrainingConfig
 
@@ -71,6 +72,8 @@ def relay_limits(
     ``fronts``: a vertical job's parties' own models, cut at their fronts, whose
     embeddings cross too."""
     batch = config.batch_size
+    if config.privacy.activation_noise is not None:
+        batch = largest_poisson_batch(batch)  # Poisson sampling's batches vary
     per_sample = max(
         sum(t.numel * t.dtype.itemsize for t in boundary)
         for boundary in [*split.boundaries, *(front.boundaries[0] for front in fronts)]

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from medsplit.data import DataSplit, iter_batches
+from medsplit.defenses.accounting import poisson_bound, poisson_rate
+from medsplit.defenses.mechanisms import defense_generator
 from medsplit.protocol.checks import FrameLimits
 from medsplit.protocol.roles import StepIds
 from medsplit.training.augment import augment_batch, step_seed
@@ -45,6 +47,11 @@ def turn_batches(
     however the turn got there. ``first_step``: start at that step (a resumed turn),
     skipping the earlier ones without augmenting them.
     """
+    if config.privacy.activation_noise is not None:
+        yield from _poisson_batches(
+            config, split, round_=round_, hospital=hospital, first_step=first_step
+        )
+        return
     step = 0
     for local_epoch in range(config.local_epochs):
         epoch = round_ * config.local_epochs + local_epoch
@@ -63,6 +70,40 @@ def turn_batches(
                     x, y = augment_batch(config.augmentation, x, y, seed=seed)
                 yield Batch(StepIds(config.job, round_, hospital, step), hospital, x, y)
             step += 1
+
+
+#: Draws of one step before giving up (each is empty or too large with chance < 1e-9).
+_MOST_DRAWS = 64
+
+
+def poisson_indices(
+    config: TrainingConfig, records: int, *, round_: int, hospital: int, step: int
+) -> torch.Tensor:
+    """The records of one step under Poisson sampling: each is in with probability
+    ``q = batch_size / records``, drawn from a generator seeded by the job's seed and the
+    step. A draw that is empty or holds more than :func:`poisson_bound` records is drawn
+    again (the accounting adds that chance to δ: :mod:`medsplit.defenses.accounting`)."""
+    q = poisson_rate(config.batch_size, records)
+    bound = poisson_bound(config.batch_size, records)
+    for attempt in range(_MOST_DRAWS):
+        generator = defense_generator(config.seed, round_, hospital, step, f"sample/{attempt}")
+        chosen = (torch.rand(records, generator=generator) < q).nonzero().flatten()
+        if 1 <= len(chosen) <= bound:
+            return chosen
+    raise RuntimeError(f"{_MOST_DRAWS} Poisson draws of step {step} were all empty or too large")
+
+
+def _poisson_batches(
+    config: TrainingConfig, split: DataSplit, *, round_: int, hospital: int, first_step: int
+) -> Iterator[Batch]:
+    # As many steps as the turn would have with fixed batches: the accountant's steps.
+    for step in range(first_step, turn_length(config, len(split))):
+        idx = poisson_indices(config, len(split), round_=round_, hospital=hospital, step=step)
+        x, y = split.images[idx], split.labels[idx]
+        if config.augmentation:
+            seed = step_seed(config.seed, round_, hospital, step)
+            x, y = augment_batch(config.augmentation, x, y, seed=seed)
+        yield Batch(StepIds(config.job, round_, hospital, step), hospital, x, y)
 
 
 def turn_length(config: TrainingConfig, samples: int) -> int:
@@ -86,9 +127,11 @@ def turn_limits(
     ``T = turn_length(config, train)`` training steps, then ``ceil(val / batch_size)``
     validation batches; ``label_shape``: one sample's target (``()`` a class, ``(1,
     *spatial)`` a mask: ``JobDescription.label_shape``)."""
+    poisson = config.privacy.activation_noise is not None and train > 0
     return FrameLimits(
         batch_size=config.batch_size,
-        exact_batch=config.drop_last,
+        exact_batch=config.drop_last and not poisson,
+        max_batch=poisson_bound(config.batch_size, train) if poisson else None,
         num_classes=num_classes,
         train_steps=turn_length(config, train),
         val_samples=val,

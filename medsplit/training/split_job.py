@@ -22,6 +22,7 @@ from medsplit.protocol.link import LocalLink
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn, ServerRole, StepResult
 from medsplit.training.config import TrainingConfig
+from medsplit.training.defended import defended_role
 from medsplit.training.evaluate import Evaluation, eval_mode, evaluate
 from medsplit.training.parallel import (
     InProcessSecureAggregation,
@@ -173,8 +174,15 @@ class SplitJob:
     ) -> list[StepResult]:
         """One hospital's turn: take the hand-off, train over local data, hand off."""
         parties = self.client_parties()
-        client = self.mode.client_role(
-            parties, self.split, codec=self.config.codec, loss_fn=self.loss_fn
+        client = defended_role(
+            self.mode.client_role(
+                parties, self.split, codec=self.config.codec, loss_fn=self.loss_fn
+            ),
+            parties,
+            self.config,
+            records=len(hospital.train),
+            round_=round_,
+            classes=self.num_classes,
         )
         link = LocalLink(self.channel, RelayKeys().streams(self.config.job, hospital.name))
         self.server = self._server_role(hospital)

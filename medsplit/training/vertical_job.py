@@ -22,6 +22,7 @@ from medsplit.modes.base import JointServerRole
 from medsplit.protocol.roles import ClientRole, LossFn, StepIds, StepResult, eval_mode
 from medsplit.psi import Alignment, PsiClient, PsiServer, align, epoch_batches
 from medsplit.training.config import TrainingConfig
+from medsplit.training.defended import defended_role
 from medsplit.training.evaluate import classification_metrics
 from medsplit.training.label_leakage import LeakageScores
 from medsplit.training.schedule import turn_length, turn_limits
@@ -211,13 +212,23 @@ class VerticalJob:
         for name in model.parties:
             parties = self.parties[name]
             if name == model.label_party:
-                roles[name] = self.mode.client_role(
+                role = self.mode.client_role(
                     parties, LabelBoundaries(model), codec=cfg.codec, loss_fn=self.loss_fn
                 )
             else:
-                roles[name] = self.mode.passive_role(
+                role = self.mode.passive_role(
                     parties["front"], (model.inputs[name],), codec=cfg.codec
                 )
+            # The job's defenses (NoPeek at every party, gradient noise at the label
+            # party); activation noise is refused in this mode (TrainingConfig).
+            roles[name] = defended_role(
+                role,
+                parties,
+                cfg,
+                records=len(self.alignment),
+                round_=0,
+                classes=self.num_classes,
+            )
         limits = turn_limits(cfg, num_classes=self.num_classes, train=len(self.alignment), val=0)
         server = self.mode.joint_server_role(
             self.parties["server"]["top"],

@@ -32,6 +32,8 @@ import torch
 from medsplit.channel import Channel, StreamPair
 from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
+from medsplit.defenses.accounting import Spent
+from medsplit.defenses.client import DefendedClient
 from medsplit.errors import ConfigError, MedSplitError, ProtocolError
 from medsplit.modes import get_mode
 from medsplit.protocol import checks
@@ -40,6 +42,7 @@ from medsplit.protocol.handoff import export_parties, import_parties, read_notes
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import ClientRole, LossFn, StepResult
 from medsplit.training.config import TrainingConfig
+from medsplit.training.defended import defended_role
 from medsplit.training.evaluate import task_metrics
 from medsplit.training.schedule import Batch, turn_batches, turn_limits
 from medsplit.turns import control
@@ -84,6 +87,9 @@ class ClientReport:
     #: (computing, encoding, sending).
     waiting_seconds: float = 0.0
     total_seconds: float = 0.0
+    #: The activation noise's ε spent at this hospital over the job so far (its
+    #: :meth:`~medsplit.defenses.accounting.Spent.to_json`); ``None`` without it.
+    privacy_spent: dict[str, float | int] | None = None
 
     @property
     def computing_seconds(self) -> float:
@@ -253,6 +259,12 @@ class TurnClient:
     def checkpoint_every(self) -> int:
         return self.policy.every
 
+    def spent(self) -> Spent | None:
+        """The activation noise's ε spent here over the job so far (``None``: no noise)."""
+        if isinstance(self.role, DefendedClient):
+            return self.role.spent()
+        return None
+
     def state(self) -> bytes:
         """The hospital's current training state (what it hands on after the turn)."""
         return export_parties(self.parties)
@@ -288,6 +300,8 @@ class TurnClient:
             counters = self.io.counters
             report.bytes_up, report.bytes_down = counters.bytes_out, counters.bytes_in
             report.waiting_seconds = counters.waiting_seconds
+            spent = self.spent()
+            report.privacy_spent = spent.to_json() if spent is not None else None
             report.total_seconds = time.monotonic() - began
 
     def _failed(self) -> None:
@@ -396,11 +410,22 @@ class TurnClient:
         import_parties(snapshot, self.parties)
         self.record.restored(snapshot, step)
         if self._role_factory is not None:
-            self.role = self._role_factory(self.parties)
+            role = self._role_factory(self.parties)
         else:
-            self.role = self.mode.client_role(
+            role = self.mode.client_role(
                 self.parties, self.split, codec=self.ids.codec, loss_fn=self.loss_fn
             )
+        # The job's defenses, the same here as in process (medsplit.training.defended).
+        self.role = defended_role(
+            role,
+            self.parties,
+            self.config,
+            records=len(self.train),
+            round_=self.ids.round,
+            classes=self.limits.num_classes,
+        )
+        if isinstance(self.role, DefendedClient):
+            self.role.steps_done = min(step, self.train_steps)
         self._in_step = False
         self.position = step
         first = min(step, self.train_steps)

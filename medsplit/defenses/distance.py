@@ -99,3 +99,28 @@ def u_distance_correlation_sqr(
 def _same_records(x: torch.Tensor, y: torch.Tensor) -> None:
     if len(x) != len(y):
         raise ConfigError(f"x holds {len(x)} records but y {len(y)}; they must pair up")
+
+
+def distance_correlation_sqr_torch(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """The biased squared distance correlation of ``x`` and ``a`` as a differentiable
+    tensor (whole matrices: one batch at a time), for NoPeek's term; in ``a``'s dtype.
+
+    The same estimator as :func:`distance_correlation` squared; 0 when either side is
+    constant. The distances get a tiny floor inside the square root so that the
+    gradient is finite when two records coincide.
+    """
+    if x.shape[0] != a.shape[0]:
+        raise ConfigError(f"x holds {x.shape[0]} records but a {a.shape[0]}; they must pair up")
+    xf = x.detach().reshape(x.shape[0], -1).to(a.dtype)
+    af = a.reshape(a.shape[0], -1)
+
+    def centred(rows: torch.Tensor) -> torch.Tensor:
+        diff = rows[:, None, :] - rows[None, :, :]
+        d = torch.sqrt((diff * diff).sum(-1) + 1e-12)
+        return d - d.mean(0, keepdim=True) - d.mean(1, keepdim=True) + d.mean()
+
+    ca, cb = centred(xf), centred(af)
+    xy, xx, yy = (ca * cb).mean(), (ca * ca).mean(), (cb * cb).mean()
+    if float(xx.detach()) <= 0 or float(yy.detach()) <= 0:
+        return (af * 0).sum()
+    return xy / torch.sqrt(xx * yy)
