@@ -427,8 +427,12 @@ class PrivacyFigures(models.Model):
     label_records = models.PositiveIntegerField(null=True, blank=True)
     norm_auc = models.FloatField(null=True, blank=True)
     cosine_auc = models.FloatField(null=True, blank=True)
-    # ε spent so far by the activation noise, over the whole job to this round.
+    # The activation noise's accounting (opacus' RDP accountant): ε spent so far, over
+    # the whole job to this round, the δ it holds at with the Poisson redraws' share
+    # added, and the noise multiplier in use (found from the target ε, if one was set).
     epsilon = models.FloatField(null=True, blank=True)
+    delta_total = models.FloatField(null=True, blank=True)
+    noise_multiplier = models.FloatField(null=True, blank=True)
     reported_at = models.DateTimeField()
 
     class Meta:

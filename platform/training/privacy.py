@@ -47,6 +47,9 @@ RANGES: dict[str, tuple[float, float]] = {
     "norm_auc": (0.0, 1.0),
     "cosine_auc": (0.0, 1.0),
     "epsilon": (0.0, 1e6),
+    # A δ above 1 says nothing: the agent reports at most 1.
+    "delta_total": (0.0, 1.0),
+    "noise_multiplier": (0.0, 1e4),
 }
 #: Counts of records, each a positive integer below this.
 MAX_RECORDS = 10**8
@@ -64,7 +67,7 @@ AUDIT_FIELDS = (
 #: binary with both classes present), only where the labels stay at the hospital.
 LEAKAGE_FIELDS = ("label_records", "norm_auc", "cosine_auc")
 #: What the activation noise's accounting reports.
-EPSILON_FIELDS = ("epsilon",)
+EPSILON_FIELDS = ("epsilon", "delta_total", "noise_multiplier")
 _COUNTS = ("train_records", "val_records", "label_records")
 
 

@@ -36,12 +36,19 @@ HONEST = {
     "train_records": 40,
     "val_records": 10,
     "epsilon": 1.5,
+    "delta_total": 2e-5,
+    "noise_multiplier": 1.1,
 }
 
 
 @pytest.fixture
 def job(make_job):
     return services.job_start(job=make_job(state="scheduled", privacy=PRIVACY))
+
+
+def _epsilon(value: str) -> str:
+    """A report of ε alone, the group's other figures honest, ε as given."""
+    return f'{{"round": 0, "epsilon": {value}, "delta_total": 2e-5, "noise_multiplier": 1.1}}'
 
 
 def _post(client, job_id: int, body: object, *, raw: str | None = None):
@@ -74,13 +81,13 @@ def test_a_hospital_reports_only_for_itself_and_its_own_jobs(
 @pytest.mark.parametrize(
     ("raw", "field"),
     [
-        ('{"round": 0, "epsilon": 1e999}', "epsilon"),  # json reads it as inf
-        ('{"round": 0, "epsilon": NaN}', None),  # not JSON: refused by the parser
-        ('{"round": 0, "epsilon": -1.0}', "epsilon"),
-        ('{"round": 0, "epsilon": "1.5"}', "epsilon"),
-        ('{"round": 0, "epsilon": true}', "epsilon"),
+        (_epsilon("1e999"), "epsilon"),  # json reads it as inf
+        (_epsilon("NaN"), None),  # not JSON: refused by the parser
+        (_epsilon("-1.0"), "epsilon"),
+        (_epsilon('"1.5"'), "epsilon"),
+        (_epsilon("true"), "epsilon"),
         (json.dumps({**HONEST, "ssim": 1.5}), "ssim"),
-        ('{"round": 0, "epsilon": 2.0, "ssim": 0.5}', "psnr"),  # the audit's figures in part
+        ('{"round": 0, "ssim": 0.5}', "psnr"),  # the audit's figures in part
         ('{"round": 0, "norm_auc": 0.5}', "norm_auc"),  # labels at the server: not measured
     ],
     ids=[

@@ -594,6 +594,8 @@ class PrivacyReportInputSerializer(StrictSerializer):
     )
     cosine_auc = _figure("the cosine attack's ROC AUC, in [0, 1] (null: not binary)", nullable=True)
     epsilon = _figure("ε spent so far by the activation noise, over the job to this round")
+    delta_total = _figure("the δ that ε holds at, the Poisson redraws' share added, in [0, 1]")
+    noise_multiplier = _figure("the activation noise's multiplier in use (σ over the clip norm)")
 
 
 @extend_schema(tags=["agent"])
