@@ -4,6 +4,7 @@ a cut leaks."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import torch
 
 from medsplit.cutting import CutInfo, cut_table
 from medsplit.data import DataSplit, load_medmnist, synthetic_segmentation_split, synthetic_split
+from medsplit.defenses import PrivacyOptions
 from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import (
     build_any_model,
@@ -179,6 +181,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     privacy.add_argument(
         "--picture", type=Path, help="write originals beside reconstructions to this PNG"
+    )
+    privacy.add_argument(
+        "--privacy",
+        type=_privacy_options,
+        default=None,
+        help="the defenses to audit, as a job's privacy options (JSON), e.g. "
+        '\'{"activation_noise": {"noise_multiplier": 1.0}}\' (default: none)',
     )
     privacy.add_argument("--json", action="store_true", help="the figures as one JSON object")
     privacy.set_defaults(
@@ -588,6 +597,15 @@ def _simulate_vertical(
     return 0
 
 
+def _privacy_options(text: str) -> PrivacyOptions:
+    try:
+        return PrivacyOptions.from_json(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--privacy is not JSON: {e}") from e
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _privacy(args: argparse.Namespace) -> int:
     if args.train_steps < 0 or args.steps < 1 or args.samples < 10:
         raise ConfigError("--train-steps must be >= 0, --steps >= 1 and --samples >= 10")
@@ -607,9 +625,10 @@ def _privacy(args: argparse.Namespace) -> int:
         inversion=InversionSettings(steps=args.steps, seed=args.seed),
         picture=args.picture,
     )
-    report = audit_cut(
-        model, train, val, _training_config(args, args.model), settings, model_name=args.model
-    )
+    config = _training_config(args, args.model)
+    if args.privacy is not None:
+        config = dataclasses.replace(config, privacy=args.privacy)  # checked against the mode
+    report = audit_cut(model, train, val, config, settings, model_name=args.model)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

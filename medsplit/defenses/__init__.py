@@ -3,6 +3,7 @@ turn them on (:mod:`medsplit.defenses.options`). Sits below ``training``: the in
 jobs and both sides of a turn apply them; the measurements (:mod:`medsplit.privacy`)
 sit above."""
 
+from medsplit.defenses.accounting import Spent, epsilon_spent, noise_for_target
 from medsplit.defenses.options import (
     ActivationNoise,
     GradientNoise,
@@ -24,5 +25,8 @@ __all__ = [
     "PrivacyAudit",
     "PrivacyOptions",
     "PrivacyOptionsError",
+    "Spent",
+    "epsilon_spent",
+    "noise_for_target",
     "privacy_problems",
 ]

@@ -20,9 +20,9 @@ default, each part an object of its own settings::
   its ``weight``, added to the front's backward pass at the hospital (Vepakomma et al.).
 - ``label_noise``: randomised response on the labels that travel (labels at the server),
   label-DP at ``epsilon``.
-- ``gradient_noise``: Gaussian noise of ``scale`` (relative to each batch's gradient
-  norm) on the gradients a hospital holding the labels sends up, against the norm and
-  cosine attacks (after Li et al.'s Marvell).
+- ``gradient_noise``: Gaussian noise whose norm per sample is about ``scale`` times the
+  batch's mean per-sample gradient norm, on the gradients a hospital holding the labels
+  sends up, against the norm and cosine attacks (after Li et al.'s Marvell).
 - ``audit``: each hospital audits its own exposure (inversion, distance correlation,
   label leakage) every ``every_rounds`` rounds and reports the numbers.
 - ``hijack_detection``: each hospital checks the gradients it receives for a hijacking
@@ -180,8 +180,9 @@ class GradientNoise(_Part):
     """Noise on the gradients a hospital holding the labels sends up.
 
     Attributes:
-        scale: the noise's standard deviation per element, relative to the batch's mean
-            per-sample gradient norm (0.5: half of it).
+        scale: the noise's size against the batch's mean per-sample gradient norm m:
+            each value gets N(0, (scale·m/√d)²), d the values per sample, so a sample's
+            noise has a norm of about scale·m (0.5: half the typical gradient's norm).
     """
 
     key: ClassVar[str] = "gradient_noise"

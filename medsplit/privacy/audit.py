@@ -26,6 +26,7 @@ from medsplit.channel import InMemoryChannel, RelayKeys
 from medsplit.cutting import SplitModel, split_model
 from medsplit.data import DataSplit
 from medsplit.defenses.distance import distance_correlation
+from medsplit.defenses.mechanisms import clip_and_noise, defense_generator
 from medsplit.errors import ConfigError, CutError
 from medsplit.modes import Side
 from medsplit.privacy.inversion import (
@@ -39,6 +40,7 @@ from medsplit.privacy.leakage import GradientRecorder
 from medsplit.protocol.link import LocalLink
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
+from medsplit.training.defended import activation_account, defended_role, job_epsilon
 from medsplit.training.label_leakage import LeakageScores
 from medsplit.training.schedule import turn_batches
 from medsplit.training.setup import client_parties, server_party
@@ -115,6 +117,10 @@ class PrivacyReport:
     label_leakage: dict[str, float | None] | None
     label_leakage_note: str
     picture: str | None = None
+    #: The defenses the audited job runs (its privacy options' JSON; ``{}``: none), and
+    #: the ε the whole job spends at this hospital with activation noise (``None``: none).
+    defenses: dict[str, Any] = field(default_factory=dict)
+    epsilon: dict[str, float | int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -176,7 +182,10 @@ def audit_cut(
 
     fit = _first(train, settings.max_train_records)
     held = _first(val, settings.max_val_records)
-    fit_z, held_z = _activations(front, fit.images), _activations(front, held.images)
+    # The attacker sees what is sent: with activation noise, clipped and noised.
+    noise = _sent_noise(config, len(train))
+    fit_z = _activations(front, fit.images, noise=noise, seed=config.seed, what="fit")
+    held_z = _activations(front, held.images, noise=noise, seed=config.seed, what="held")
     decoder = train_decoder(fit_z, fit.images, settings.inversion)
     rebuilt = reconstruct(decoder, held_z)
     ssim, psnr = image_quality(held.images, rebuilt)
@@ -222,7 +231,18 @@ def audit_cut(
         label_leakage=scores,
         label_leakage_note=note,
         picture=picture,
+        defenses=config.privacy.to_json(),
+        epsilon=spent.to_json() if (spent := job_epsilon(config, len(train))) else None,
     )
+
+
+def _sent_noise(config: TrainingConfig, records: int) -> tuple[float, float] | None:
+    """(clip_norm, noise multiplier) of the job's activation noise at a hospital of
+    ``records`` records; ``None`` without it."""
+    account = activation_account(config, records, round_=0)
+    if account is None or config.privacy.activation_noise is None:
+        return None
+    return config.privacy.activation_noise.clip_norm, account.noise_multiplier
 
 
 def _train(
@@ -250,7 +270,16 @@ def _train(
     server = mode.server_role(
         server_party(split, config), split, job=config.job, codec=config.codec
     )
-    client = GradientRecorder(mode.client_role(parties, split, codec=config.codec))
+    # The job's defenses act as they would in the job (the recorder sees what is sent).
+    role = defended_role(
+        mode.client_role(parties, split, codec=config.codec),
+        parties,
+        config,
+        records=len(train),
+        round_=0,
+        classes=int(train.labels.max()) + 1 if len(train) else None,
+    )
+    client = GradientRecorder(role)
     link = LocalLink(InMemoryChannel(), RelayKeys().streams(config.job, _HOSPITAL))
     for batch in turn_batches(config, train, round_=0, hospital=0):
         link.run_step(client, server, batch.ids, batch.x, batch.y)
@@ -261,16 +290,30 @@ def _first(split: DataSplit, count: int) -> DataSplit:
     return DataSplit(split.images[:count], split.labels[:count])
 
 
-def _activations(front: torch.nn.Module, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
-    """What the front sends for ``images`` (evaluation mode, no gradients)."""
+def _activations(
+    front: torch.nn.Module,
+    images: torch.Tensor,
+    batch: int = 256,
+    *,
+    noise: tuple[float, float] | None = None,
+    seed: int = 0,
+    what: str = "",
+) -> torch.Tensor:
+    """What the front sends for ``images`` (evaluation mode, no gradients); with
+    ``noise`` (clip norm, multiplier), clipped and noised as a training step sends them."""
     was = front.training
     front.eval()
     try:
         with torch.no_grad():
-            out = [
-                next(iter(front(images[i : i + batch]).values()))
-                for i in range(0, len(images), batch)
-            ]
+            out = []
+            for i in range(0, len(images), batch):
+                z = next(iter(front(images[i : i + batch]).values()))
+                if noise is not None:
+                    generator = defense_generator(seed, 0, 0, i, f"audit/{what}")
+                    z = clip_and_noise(
+                        {"z": z}, clip_norm=noise[0], noise_multiplier=noise[1], generator=generator
+                    )["z"]
+                out.append(z)
     finally:
         front.train(was)
     return torch.cat(out).detach()

@@ -3,6 +3,8 @@ means and where the published figure comes from."""
 
 from __future__ import annotations
 
+import json
+
 from medsplit.privacy.audit import PrivacyReport
 
 __all__ = ["format_report"]
@@ -54,6 +56,17 @@ def format_report(report: PrivacyReport, *, source: str) -> str:
                     "Li et al. 2022)",
                 )
             )
+    if report.epsilon is not None:
+        rows.append(
+            (
+                "activation noise ε",
+                _figure(report.epsilon["epsilon"]),
+                f"the whole job at this hospital, δ = {report.epsilon['delta_total']:.2g} "
+                f"(σ = {report.epsilon['noise_multiplier']:.3f}, opacus' RDP accountant)",
+            )
+        )
+    if report.defenses:
+        rows.append(("defenses", "", json.dumps(report.defenses, sort_keys=True)))
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     lines += [f"{a.ljust(width[0])}  {b.rjust(width[1])}  {c}" for a, b, c in rows]
     if report.picture:

@@ -84,6 +84,8 @@ class RelayJob:
     outcomes: list[ServerOutcome] = field(default_factory=list)
     resumed_at: list[list[int]] = field(default_factory=list)
     metrics: list[dict[str, float]] = field(default_factory=list)
+    #: Each completed turn's ε spent so far at its hospital (``None``: no activation noise).
+    spent: list[dict[str, float | int] | None] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         server = self.server_party()
@@ -196,4 +198,5 @@ def run_over_relay(
             job.server_state = export_parties({"server": party})
             job.client_state = client.state()
             job.metrics.append(reports[-1].metrics)
+            job.spent.append(reports[-1].privacy_spent)
     return job
