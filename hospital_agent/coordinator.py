@@ -208,6 +208,14 @@ class Coordinator:
         body = {"round": round_index, "parties": parties}
         return self._call("POST", f"/api/agent/assignments/{job}/leakage/", json=body)
 
+    def report_privacy(
+        self, *, job: int, round_index: int, figures: dict[str, Any]
+    ) -> dict[str, Any]:
+        """This hospital's privacy figures of a round: numbers only (never a picture, an
+        activation, a gradient or a label; ``hospital_agent/privacy_report.py``)."""
+        body = {"round": round_index, **figures}
+        return self._call("POST", f"/api/agent/assignments/{job}/privacy/", json=body)
+
     def report_loss(self, *, job: int, turn: int, step: int, loss: float) -> dict[str, Any]:
         """The hospital's own training loss at ``step`` of its running turn (modes whose
         loss is computed at the hospital). Tried for a couple of seconds only: a late

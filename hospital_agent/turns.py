@@ -51,6 +51,7 @@ from hospital_agent.job_keys import JobKeys
 from hospital_agent.leakage import RoundScores, collect_leakage, send_scores
 from hospital_agent.loss_report import LossReporter
 from hospital_agent.pins import PeerKeyRefused, Pins, check_own_identity
+from hospital_agent.privacy_report import TurnPrivacy, report_figures
 from hospital_agent.relay import Relay
 from hospital_agent.sealed_mail import SealedMail
 from hospital_agent.secure_rounds import SecureRounds
@@ -276,6 +277,18 @@ class TurnTaker:
 
         # A passive party of a vertical job scores what it received, as an attacker would.
         scores = RoundScores(ids.round) if vertical and not vertical.label_party else None
+        # What this hospital measures of its own exposure in this turn (job's privacy).
+        privacy = None
+        if split is not None:
+            privacy = TurnPrivacy.for_turn(
+                job=job,
+                round_index=ids.round,
+                rounds=config.rounds,
+                options=described.privacy,
+                config=config,
+                split=split,
+                work_dir=self.config.work_dir,
+            )
 
         def on_step(result: StepResult) -> None:
             bar.update(1)
@@ -287,7 +300,8 @@ class TurnTaker:
                 scores.saw(result.ids.step, received)
 
         try:
-            client = TurnClient(
+            make_client = privacy.turn_client if privacy is not None else TurnClient
+            client = make_client(
                 ids=ids,
                 channel=self.relay.channel(),
                 streams=assignment.relay_keys.streams(config.job, self.me),
@@ -353,6 +367,8 @@ class TurnTaker:
             self.hand_on(assignment, self.current_turn(assignment, turn), client.state())
             if vertical is not None:
                 self.audit_leakage(assignment, vertical, ids, scores)
+            if privacy is not None:
+                self.audit_privacy(privacy, client, data)
         return outcome
 
     def evaluate(self, assignment: Assignment) -> ClientOutcome | None:
@@ -465,6 +481,26 @@ class TurnTaker:
             logger.warning(
                 "job %s: the evaluation problem could not be reported: %s", assignment.job, e
             )
+
+    def audit_privacy(self, privacy: TurnPrivacy, client: TurnClient, data: LocalData) -> None:
+        """After a turn: this hospital's figures of its own exposure, the picture kept
+        here, the numbers reported. The audit never holds training up: a failure is
+        logged, and the job goes on."""
+        job, round_index = privacy.job, privacy.round_index
+        try:
+            figures = privacy.figures(client.parties, data, spent=client.spent())
+            if figures:
+                report_figures(self.coordinator, job=job, round_index=round_index, figures=figures)
+                logger.info(
+                    "job %s round %s: privacy figures reported: %s",
+                    job,
+                    round_index,
+                    ", ".join(f"{k} {v}" for k, v in figures.items()),
+                )
+        except (MedSplitError, CoordinatorError) as e:
+            if isinstance(e, TokenRefused):
+                raise
+            logger.warning("job %s round %s: the privacy audit failed: %s", job, round_index, e)
 
     def audit_leakage(
         self,

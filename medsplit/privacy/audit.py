@@ -45,7 +45,7 @@ from medsplit.training.label_leakage import LeakageScores
 from medsplit.training.schedule import turn_batches
 from medsplit.training.setup import client_parties, server_party
 
-__all__ = ["AuditSettings", "PrivacyReport", "audit_cut"]
+__all__ = ["AuditSettings", "FrontExposure", "PrivacyReport", "audit_cut", "audit_front"]
 
 #: The audit's name of the one hospital it simulates.
 _HOSPITAL = "audit"
@@ -317,3 +317,63 @@ def _activations(
     finally:
         front.train(was)
     return torch.cat(out).detach()
+
+
+@dataclass(frozen=True)
+class FrontExposure:
+    """What one given front's activations give away: numbers only (and where the
+    picture grid was written, when asked for)."""
+
+    ssim: float
+    psnr: float
+    baseline_ssim: float
+    baseline_psnr: float
+    distance_correlation: float
+    train_records: int
+    val_records: int
+    dcor_records: int
+    picture: str | None = None
+
+
+def audit_front(
+    front: torch.nn.Module, train: DataSplit, val: DataSplit, settings: AuditSettings
+) -> FrontExposure:
+    """Invert ``front`` as it stands (a job's trained front, say: nothing is trained
+    but the inverse network) on a hospital's ``train`` and ``val`` splits, and measure
+    the distance correlation of its validation activations; ``settings.train_steps``
+    is not used. The front's one output is the tensor crossing the cut; it is left
+    untouched (evaluation mode for the audit, its mode restored).
+
+    Raises:
+        ConfigError: fewer than 2 training or validation records.
+        DataError: images outside [0, 1].
+    """
+    if len(train) < 2 or len(val) < 2:
+        raise ConfigError(
+            f"the audit needs at least 2 training and 2 validation records, got "
+            f"{len(train)} and {len(val)}"
+        )
+    fit = _first(train, settings.max_train_records)
+    held = _first(val, settings.max_val_records)
+    fit_z, held_z = _activations(front, fit.images), _activations(front, held.images)
+    decoder = train_decoder(fit_z, fit.images, settings.inversion)
+    rebuilt = reconstruct(decoder, held_z)
+    ssim, psnr = image_quality(held.images, rebuilt)
+    mean = fit.images.mean(dim=0, keepdim=True).expand_as(held.images)
+    baseline_ssim, baseline_psnr = image_quality(held.images, mean)
+    n = min(settings.dcor_records, len(held))
+    dcor = distance_correlation(held.images[:n], held_z[:n])
+    picture = None
+    if settings.picture is not None:
+        picture = str(save_picture_grid(held.images, rebuilt, settings.picture))
+    return FrontExposure(
+        ssim=ssim,
+        psnr=psnr,
+        baseline_ssim=baseline_ssim,
+        baseline_psnr=baseline_psnr,
+        distance_correlation=dcor,
+        train_records=len(fit),
+        val_records=len(held),
+        dcor_records=n,
+        picture=picture,
+    )

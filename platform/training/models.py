@@ -476,3 +476,49 @@ class HospitalEvaluation(models.Model):
 
     def __str__(self) -> str:
         return f"evaluation of job {self.job_id} at {self.hospital_id} ({self.status})"
+
+
+class PrivacyFigures(models.Model):
+    """What one hospital measured of its own exposure in one round of a job, as its agent
+    reported it (``training/privacy.py``): how well its activations can be inverted
+    (SSIM, PSNR), how dependent they are on its inputs (distance correlation), how well
+    its gradients give its labels away (norm and cosine attacks' AUC, where labels stay at
+    the hospital) and the ε its activation noise has spent so far. Numbers only: no image,
+    activation, gradient or label reaches the coordinator (invariant 7)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="privacy_figures")
+    round_index = models.PositiveIntegerField()
+    hospital = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
+    # The inversion audit (null in a round the audit did not run): mean SSIM and PSNR (dB)
+    # of the validation images rebuilt from their activations, and the same for the
+    # training images' mean (what an attacker gets if the activations tell it nothing).
+    ssim = models.FloatField(null=True, blank=True)
+    psnr = models.FloatField(null=True, blank=True)
+    baseline_ssim = models.FloatField(null=True, blank=True)
+    baseline_psnr = models.FloatField(null=True, blank=True)
+    distance_correlation = models.FloatField(null=True, blank=True)
+    # Training records the decoder learnt from, validation records rebuilt.
+    train_records = models.PositiveIntegerField(null=True, blank=True)
+    val_records = models.PositiveIntegerField(null=True, blank=True)
+    # Label leakage through the gradients it sent up (labels at the hospital, binary).
+    label_records = models.PositiveIntegerField(null=True, blank=True)
+    norm_auc = models.FloatField(null=True, blank=True)
+    cosine_auc = models.FloatField(null=True, blank=True)
+    # The activation noise's accounting (opacus' RDP accountant): ε spent so far, over
+    # the whole job to this round, the δ it holds at with the Poisson redraws' share
+    # added, and the noise multiplier in use (found from the target ε, if one was set).
+    epsilon = models.FloatField(null=True, blank=True)
+    delta_total = models.FloatField(null=True, blank=True)
+    noise_multiplier = models.FloatField(null=True, blank=True)
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "round_index", "hospital"], name="one_privacy_report_per_round"
+            )
+        ]
+        ordering = ["round_index", "hospital_id"]
+
+    def __str__(self) -> str:
+        return f"privacy figures of job {self.job_id} round {self.round_index}"

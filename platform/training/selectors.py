@@ -42,6 +42,7 @@ from training.models import (
     MetricPoint,
     Turn,
 )
+from training.privacy import privacy_rows
 from training.states import ASSIGNED, TERMINAL, JobState
 from training.validation import (
     model_cut_table,
@@ -594,3 +595,27 @@ def _weighted_mean(parts: list, figures: tuple[str, ...], *, totals: bool) -> di
                 p.hospital.slug for p in done if p not in have
             )
     return mean
+
+
+def privacy_figures(job: Job, actor: Actor) -> list[dict[str, Any]]:
+    """The privacy figures of ``job`` (one ``actor`` sees: :func:`job_get`) that ``actor``
+    may see, per round and hospital: each hospital's are part of what only that hospital
+    sees in full (:mod:`kernel.permissions`), so a hospital admin gets their own hospital's
+    only; consortium admins, observers and the system get every hospital's.
+
+    Returns:
+        ``[{"round", "hospital", "ssim", "psnr", "baseline_ssim", "baseline_psnr",
+        "distance_correlation", "train_records", "val_records", "label_records",
+        "norm_auc", "cosine_auc", "epsilon", "target_epsilon", "delta", "reported_at"}]``,
+        by round then hospital; a figure not measured in that round is ``None``.
+
+    Raises:
+        PermissionDenied: a person without a role, or an agent.
+    """
+    _require_reader(actor)
+    if _sees_all(actor):
+        return privacy_rows(job, hospital_ids=None)
+    own = getattr(actor.hospital, "pk", None)
+    if own is None or not sees_participant_in_full(actor, own):
+        return []
+    return privacy_rows(job, hospital_ids={own})

@@ -233,6 +233,16 @@ class JobInput(serializers.Serializer):
         "secure aggregation's: a hospital still training or not yet submitted by then is "
         "left to on_failure (skip: the round goes on without it)",
     )
+    privacy = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="what each hospital measures of its own exposure and which defenses it "
+        'applies, each part off unless given, e.g. {"audit": {"every_rounds": 1, '
+        '"decoder_steps": 300, "records": 1024}, "activation_noise": {"clip_norm": 1.0, '
+        '"target_epsilon": 8.0, "delta": 1e-5}, "nopeek": {"weight": 0.1}, "label_noise": '
+        '{"epsilon": 2.0}, "gradient_noise": {"scale": 0.5}, "hijack_detection": '
+        '{"method": "splitout"}} (medsplit/defenses/options.py); none by default',
+    )
     participants = ParticipantInput(many=True, allow_empty=False, max_length=MAX_PARTICIPANTS)
     party_models = serializers.DictField(
         required=False,
@@ -291,6 +301,7 @@ _DESCRIBED = (
     "seed",
     "party_models",
     "augmentation",
+    "privacy",
 )
 
 

@@ -21,6 +21,7 @@
 import { api, apiAll } from "../api.js";
 import { isConsortiumAdmin } from "../app.js";
 import { badge, bytes, el, field, showErrors, toast } from "../ui.js";
+import { privacyOptions } from "./privacy-options.js";
 
 const ON_FAILURE = [
   ["retry", "retry the turn (up to the retries below), then fail the job"],
@@ -566,6 +567,9 @@ export async function render(root) {
     for (const node of augmentControls) node.hidden = !augments() || (node === augmentNone && augmentRows.length > 0);
     augmentNotHere.hidden = augments();
   }
+  // -- privacy (medsplit/defenses/options.py) ---------------------------------------------
+  const privacy = privacyOptions();
+
   const augmentationValue = () =>
     augmentRows.map(({ kind, inputs }) => {
       const item = { name: kind.name };
@@ -849,6 +853,7 @@ export async function render(root) {
       ),
     ),
     augmentation,
+    privacy.node,
     section(
       "When a turn fails",
       el(
@@ -1239,6 +1244,8 @@ export async function render(root) {
     // Only what this coordinator offers (an older one refuses fields it does not know).
     if (tasks) Object.assign(data, { task: task.value, loss: loss.value });
     if (augmentations && augments()) data.augmentation = augmentationValue();
+    const shielded = privacy.value();
+    if (Object.keys(shielded).length) data.privacy = shielded;
     const own = partyModelsValue();
     if (own) data.party_models = own;
     if (isFactory()) data.model_args = parseModelArgs(modelArgs.value).args;

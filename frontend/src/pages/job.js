@@ -20,7 +20,9 @@
 // The job API says its task and the metric its turns report (val_accuracy, or val_dice
 // for segmentation, shown as Dice without the majority baseline). A vertical job's
 // label-leakage audit comes with GET /api/jobs/<id>/ (label_leakage), read again when a
-// round ends.
+// round ends. A job with a privacy audit or activation noise also polls
+//   GET /api/jobs/<id>/privacy/         each hospital's figures per round (its own only,
+//                                       for a hospital admin), until the last round's came
 // Actions: POST /api/jobs/<id>/schedule|pause|resume|cancel/ {reason}.
 // Links: the job's result document, /jobs/<id>/document/ and its download (platform/reports/).
 
@@ -28,6 +30,7 @@ import { hijackAlerts } from "./hijack-alerts.js";
 import { api, apiAll, CoordinatorUnreachable } from "../api.js";
 import { every, isConsortiumAdmin } from "../app.js";
 import { ago, badge, bytes, duration, el, swap, table, toast } from "../ui.js";
+import { measuresPrivacy, privacyPanel } from "./privacy-panel.js";
 
 const POLL_SECONDS = 2;
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
@@ -376,6 +379,9 @@ export async function render(root, [id], session) {
   const leakageBox = el("div", { class: "job-leakage", "data-testid": "leakage" });
   // A hospital that found the server hijacking its training says so above everything.
   const hijackBox = el("div", { "data-testid": "hijack-alerts" });
+  // Only a job whose hospitals audit their exposure or noise their activations.
+  const privacy = privacyPanel(hospitalName, (slug, name) => el("a", { href: `#/hospitals/${slug}` }, name));
+  let privacyRows = [];
 
   root.append(
     el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")),
@@ -395,6 +401,8 @@ export async function render(root, [id], session) {
     turnsBox,
     leakageHeading,
     leakageBox,
+    privacy.heading,
+    privacy.box,
     aggregationHeading,
     aggregationBox,
     el("h2", {}, "Configuration"),
@@ -1054,10 +1062,11 @@ export async function render(root, [id], session) {
   }
 
   async function refreshOnce() {
-    const [newStatus, newTurns, newSeries] = await Promise.all([
+    const [newStatus, newTurns, newSeries, newPrivacy] = await Promise.all([
       api(`jobs/${jobId}/status/`),
       apiAll(`jobs/${jobId}/turns/`, { page_size: 500 }),
       api(`jobs/${jobId}/loss-series/`),
+      measuresPrivacy(job) ? api(`jobs/${jobId}/privacy/`) : null,
       fetchMetrics(),
       baselinesLoaded ? null : loadBaselines(),
     ]);
@@ -1088,6 +1097,8 @@ export async function render(root, [id], session) {
     drawAlignment();
     drawLeakage();
     drawHijack();
+    if (newPrivacy) privacyRows = newPrivacy;
+    privacy.draw(job, privacyRows);
     status = newStatus;
     turns = newTurns || [];
     drawState();
@@ -1098,9 +1109,17 @@ export async function render(root, [id], session) {
     // A finished job no longer changes once its evaluation has ended: one last full
     // refresh, then stop polling.
     if (TERMINAL.has(status.state) && results?.evaluation?.status !== "running") {
-      if (finalDone) stopPoll();
+      if (finalDone && !privacyPending()) stopPoll();
       finalDone = true;
     }
+  }
+
+  // Whether a completed job's last round's privacy figures may still come: an audited
+  // job, no figures of its last round yet, ended less than two minutes ago.
+  function privacyPending() {
+    if (!job.description?.privacy?.audit || status?.state !== "completed") return false;
+    if (privacyRows.some((r) => r.round === job.rounds - 1)) return false;
+    return Date.now() - new Date(status.state_changed_at).getTime() < 120_000;
   }
 
   async function act(action) {
@@ -1135,6 +1154,7 @@ export async function render(root, [id], session) {
   drawLeakage();
   drawResults();
   drawHijack();
+  privacy.draw(job, privacyRows);
   stopPoll = every(POLL_SECONDS, refresh);
   return () => {
     stopped = true;

@@ -24,6 +24,7 @@ urlpatterns = [
     path(
         "jobs/<int:job_id>/loss-series/", views.JobLossSeriesView.as_view(), name="job-loss-series"
     ),
+    path("jobs/<int:job_id>/privacy/", views.JobPrivacyView.as_view(), name="job-privacy"),
     path(
         "jobs/<int:job_id>/schedule/",
         views.transition_view(JobState.SCHEDULED, "Schedule a draft job (consortium admins)"),
@@ -84,6 +85,9 @@ urlpatterns = [
         "agent/assignments/<int:job_id>/evaluation-problems/",
         views.AgentEvaluationProblemView.as_view(),
         name="agent-evaluation-problems",
+        "agent/assignments/<int:job_id>/privacy/",
+        views.AgentPrivacyView.as_view(),
+        name="agent-privacy",
     ),
     path(
         "agent/assignments/<int:job_id>/problems/",

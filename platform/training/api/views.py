@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from datetime import datetime
+from typing import Any
 
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -50,6 +52,7 @@ from training.api.serializers import (
 from training.evaluation import agent_evaluation_problem, evaluation_request
 from training.leakage import leakage_report
 from training.models import Job, MetricPoint, Turn
+from training.privacy import privacy_report
 from training.states import JobState
 from training.validation import (
     CUT_TABLE_MAX_CHANNELS,
@@ -588,6 +591,85 @@ class AgentLeakageView(APIView):
                 for r in rows
             ]
         )
+
+
+class StrictNumberField(serializers.FloatField):
+    """A JSON number (not a boolean or a string), finite; ``null`` where allowed."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if not math.isfinite(data):
+            raise serializers.ValidationError("a finite number is required")
+        return super().to_internal_value(data)
+
+
+#: The most bytes a privacy report may take: a few numbers (about 400 bytes in practice).
+MAX_PRIVACY_REPORT_BYTES = 4096
+
+
+def _figure(help_text: str, *, nullable: bool = False) -> serializers.Field:
+    return StrictNumberField(required=False, allow_null=nullable, help_text=help_text)
+
+
+def _count(help_text: str) -> serializers.Field:
+    return StrictIntegerField(required=False, min_value=1, help_text=help_text)
+
+
+class PrivacyReportInputSerializer(StrictSerializer):
+    round = StrictIntegerField(min_value=0, help_text="the round whose turn just ended")
+    ssim = _figure("inversion: mean SSIM of the rebuilt validation images, in [-1, 1]")
+    psnr = _figure("inversion: their mean PSNR in dB, in [0, 200]")
+    baseline_ssim = _figure("SSIM of the training images' mean in place of each rebuilt one")
+    baseline_psnr = _figure("PSNR (dB) of the training images' mean in their place")
+    distance_correlation = _figure("of validation inputs and activations, in [0, 1]")
+    train_records = _count("training records the inverse network learnt from")
+    val_records = _count("validation records rebuilt")
+    label_records = _count("records whose gradients the label-leakage attacks scored")
+    norm_auc = _figure(
+        "the norm attack's ROC AUC, in [0, 1] (null: labels not binary)", nullable=True
+    )
+    cosine_auc = _figure("the cosine attack's ROC AUC, in [0, 1] (null: not binary)", nullable=True)
+    epsilon = _figure("ε spent so far by the activation noise, over the job to this round")
+    delta_total = _figure("the δ that ε holds at, the Poisson redraws' share added, in [0, 1]")
+    noise_multiplier = _figure("the activation noise's multiplier in use (σ over the clip norm)")
+
+
+@extend_schema(tags=["agent"])
+class AgentPrivacyView(APIView):
+    @extend_schema(
+        summary="This hospital's privacy figures of a round: its inversion SSIM and PSNR, "
+        "distance correlation, label-leakage AUCs and ε spent (numbers only, about itself)",
+        request=PrivacyReportInputSerializer,
+        responses={200: serializers.DictField()},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "report privacy figures")
+        length = request.META.get("CONTENT_LENGTH") or ""
+        if not length.isdigit() or int(length) > MAX_PRIVACY_REPORT_BYTES:
+            raise InvalidInput(
+                f"a privacy report is a few numbers: at most {MAX_PRIVACY_REPORT_BYTES} "
+                "bytes, with its Content-Length",
+                details={"non_field_errors": ["too large, or no Content-Length"]},
+            )
+        data = _valid(PrivacyReportInputSerializer, request)
+        round_index = data.pop("round")
+        row = privacy_report(actor=actor, job_id=job_id, round_index=round_index, figures=data)
+        return Response({"round": row.round_index, "hospital": row.hospital.slug})
+
+
+@extend_schema(tags=["jobs"])
+class JobPrivacyView(APIView):
+    @extend_schema(
+        summary="A job's privacy figures per round and hospital (a hospital admin: their "
+        "own hospital's only), with the ε target and δ of its activation noise",
+        responses={200: serializers.ListField(child=serializers.DictField())},
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        job = selectors.job_get(actor=actor, job_id=job_id)
+        return Response(selectors.privacy_figures(job, actor))
 
 
 @extend_schema(tags=["agent"])
