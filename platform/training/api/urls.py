@@ -85,6 +85,8 @@ urlpatterns = [
         "agent/assignments/<int:job_id>/evaluation-problems/",
         views.AgentEvaluationProblemView.as_view(),
         name="agent-evaluation-problems",
+    ),
+    path(
         "agent/assignments/<int:job_id>/privacy/",
         views.AgentPrivacyView.as_view(),
         name="agent-privacy",
