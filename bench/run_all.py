@@ -85,6 +85,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     # 11 minutes at a load of 12 on the 2 cores (2026-12-02).
     Benchmark("bench_hijack", 11, (), ("--runs", "1", "--undetected-epochs", "1")),
+    # Its four (dataset, cut) runs one after another: the longest took 22 minutes run four at
+    # once at a load of 20 (2026-12-02); not yet timed alone.
+    Benchmark(
+        "bench_privacy_frontier",
+        40,
+        (),
+        ("--datasets", "breastmnist", "--cuts", "conv1", "--train-steps", "3", "--steps", "5"),
+    ),
 )
 
 
