@@ -1,29 +1,24 @@
-"""The result document's privacy section: whatever privacy figures the platform holds for
-a job, kept apart so that the figures a later change adds come in here only.
+"""The result document's privacy section: the privacy figures the platform holds for a
+job, kept apart so that figures a later change adds come in here only.
 
 Two sources: the label-leakage audit a vertical job's label party reports
 (:func:`training.leakage.leakage_summary`, shown to every participant as the job's API
-shows it), and a selector ``privacy_figures(job, actor)`` looked for by name among
-:data:`PRIVACY_SELECTORS`: the app that will hold measured privacy figures (a hospital's
-own privacy audit, reported as numbers only: DESIGN.md invariant 7) provides it, and
-applies the least-privilege rule itself. Where neither holds anything the section says
-"not measured".
+shows it), and the figures each hospital's own privacy audit reports as numbers
+(:func:`training.selectors.privacy_figures`, which applies the least-privilege rule
+itself; DESIGN.md invariant 7). Where neither holds anything the section says "not
+measured".
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kernel.actors import Actor
 from training.leakage import leakage_summary
 from training.models import Job
-
-#: Where a ``privacy_figures(job, actor)`` selector may live, first found wins. Looked up
-#: by name, not imported: this app must not need one to run.
-PRIVACY_SELECTORS = ("privacy.selectors", "training.selectors", "hospitals.selectors")
+from training.selectors import privacy_figures
 
 
 @dataclass(frozen=True)
@@ -33,42 +28,23 @@ class PrivacySection:
     Attributes:
         label_leakage: per round and passive party, the norm and cosine attacks' ROC AUC
             (``leakage_summary``'s rows); empty for a job without passive parties.
-        figures: what ``privacy_figures(job, actor)`` returned: rows of named numbers
-            (a mapping each), or empty where no such selector exists or it holds none.
-        source: the module the figures came from, or "" when none was found.
+        figures: each hospital's reported figures per round that the reader may see
+            (``privacy_figures``' rows); empty where none were reported.
     """
 
     label_leakage: list[dict[str, Any]]
     figures: list[dict[str, Any]]
-    source: str
 
     @property
     def measured(self) -> bool:
         return bool(self.label_leakage or self.figures)
 
 
-def privacy_figures_selector() -> tuple[Callable[..., Any], str] | None:
-    """The first ``privacy_figures`` among :data:`PRIVACY_SELECTORS`, and its module."""
-    for name in PRIVACY_SELECTORS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-        found = getattr(module, "privacy_figures", None)
-        if callable(found):
-            return found, name
-    return None
-
-
 def privacy_section(job: Job, actor: Actor) -> PrivacySection:
     """The privacy figures ``actor`` may see of ``job``."""
-    figures: list[dict[str, Any]] = []
-    source = ""
-    selector = privacy_figures_selector()
-    if selector is not None:
-        found, source = selector
-        figures = _rows(found(job, actor))
-    return PrivacySection(label_leakage=leakage_summary(job), figures=figures, source=source)
+    return PrivacySection(
+        label_leakage=leakage_summary(job), figures=_rows(privacy_figures(job, actor))
+    )
 
 
 def _rows(answer: Any) -> list[dict[str, Any]]:

@@ -1,17 +1,12 @@
-"""The document's privacy section: whatever privacy figures the platform holds, from a
-``privacy_figures(job, actor)`` selector where an app provides one, else "not measured"."""
+"""The document's privacy section: the figures hospitals reported of their own exposure
+(by least privilege) and a vertical job's label-leakage audit, else "not measured"."""
 
 from __future__ import annotations
-
-import sys
-import types
 
 import pytest
 from django.template.loader import render_to_string
 
-from kernel.actors import Role
 from reports.privacy import PrivacySection, privacy_section
-from tests.platform_apps.conftest import person_actor
 
 pytestmark = pytest.mark.django_db
 
@@ -22,38 +17,41 @@ def _rendered(section) -> str:
 
 def test_without_figures_the_section_says_not_measured(finished_job, admin_actor) -> None:
     section = privacy_section(finished_job, admin_actor)
-    assert not section.measured and section.source == ""
+    assert not section.measured
     assert 'data-testid="privacy-not-measured"' in _rendered(section)
-
-
-def test_a_privacy_figures_selector_is_asked_for_the_reader_and_rendered(
-    monkeypatch, finished_job, hospital_admin, hospital_a
-) -> None:
-    asked = []
-
-    def privacy_figures(job, actor):
-        asked.append((job.pk, actor.hospital.slug))
-        return {"conv1 inversion SSIM": {"hospital": actor.hospital.slug, "value": 0.9401}}
-
-    package = types.ModuleType("privacy")
-    selectors = types.ModuleType("privacy.selectors")
-    selectors.privacy_figures = privacy_figures
-    monkeypatch.setitem(sys.modules, "privacy", package)
-    monkeypatch.setitem(sys.modules, "privacy.selectors", selectors)
-
-    reader = person_actor(hospital_admin, Role.HOSPITAL_ADMIN, hospital_a)
-    section = privacy_section(finished_job, reader)
-    assert asked == [(finished_job.pk, "st-marys")]
-    assert section.source == "privacy.selectors" and section.measured
-    html = _rendered(section)
-    assert "not measured" not in html.lower()
-    assert "conv1 inversion SSIM" in html and "0.9401" in html and "st-marys" in html
 
 
 def test_a_label_leakage_audit_is_rendered_round_by_round() -> None:
     row = {"round": 0, "hospital": "city-general", "records": 86, "norm_auc": 0.9712,
            "cosine_auc": None}  # fmt: skip
-    html = _rendered(PrivacySection(label_leakage=[row], figures=[], source=""))
+    html = _rendered(PrivacySection(label_leakage=[row], figures=[]))
     assert 'data-testid="privacy-leakage"' in html and "not measured" not in html.lower()
     assert '<td>1</td><td>city-general</td><td class="n">86</td>' in html
     assert "0.971" in html and "labels not binary" in html
+
+
+def test_the_figures_hospitals_reported_are_in_the_document_by_least_privilege(
+    finished_job, admin_actor, hospital_admin_actor
+) -> None:
+    """Each hospital's reported figures reach the consortium's document, and a hospital
+    admin's holds their own hospital's only."""
+    from django.utils import timezone
+
+    from training.models import PrivacyFigures
+
+    for part in finished_job.participants.select_related("hospital"):
+        ssim = {"st-marys": 0.8123, "city-general": 0.4567}.get(part.hospital.slug)
+        if ssim is not None:
+            PrivacyFigures.objects.create(
+                job=finished_job,
+                round_index=1,
+                hospital=part.hospital,
+                ssim=ssim,
+                psnr=17.5,
+                reported_at=timezone.now(),
+            )
+    everyone = privacy_section(finished_job, admin_actor)
+    html = _rendered(everyone)
+    assert "0.8123" in html and "0.4567" in html
+    own = _rendered(privacy_section(finished_job, hospital_admin_actor))
+    assert "0.8123" in own and "0.4567" not in own
