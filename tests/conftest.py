@@ -23,8 +23,12 @@ from tests.redis_server import DEFAULT_URL, reachable
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files with the most ``slow`` tests first, each file's tests in their own order
-    (xdist hands the files out in this order: ``--no-loadscope-reorder``)."""
+    """On several processes (``-n 2``), the files with the most ``slow`` tests first, each
+    file's tests in their own order, so that the long idle files start first (give
+    ``--no-loadscope-reorder`` too: xdist hands the files out in this order). In one
+    process, pytest's own order."""
+    if not (getattr(config, "workerinput", None) or config.getoption("numprocesses", None)):
+        return
     slow: dict[str, int] = {}
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
