@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -103,10 +104,13 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture
-def open_page(browser, live_server) -> Iterator[Callable[..., object]]:
+def open_page(browser, live_server, transactional_db) -> Iterator[Callable[..., object]]:
     """A fresh browser context per person, at a laptop's width (or on another coordinator
     than the live server: ``base_url``). Every request the pages make is recorded: nothing
-    may go anywhere but the coordinator (no CDN)."""
+    may go anywhere but the coordinator (no CDN).
+
+    It asks for ``transactional_db`` so that its pages close before the test's database is
+    flushed, and waits for their requests to be answered first."""
     contexts = []
     requested: list[str] = []
     bases = [live_server.url]
@@ -123,8 +127,18 @@ def open_page(browser, live_server) -> Iterator[Callable[..., object]]:
         return context.new_page()
 
     yield make
+    # Let every request the pages sent be answered, stop their polling, then close them:
+    # a request the live server is still serving when the database is flushed holds a
+    # lock that PostgreSQL's TRUNCATE waits for while the request waits for it (deadlock).
     for context in contexts:
+        for page in context.pages:
+            try:
+                page.wait_for_load_state("networkidle", timeout=10_000)
+                page.goto("about:blank")
+            except Exception:
+                pass
         context.close()
+    time.sleep(0.3)  # a poll sent just before about:blank is answered in milliseconds
     elsewhere = [url for url in requested if not url.startswith((*bases, "data:"))]
     assert not elsewhere, f"the dashboard fetched from outside the coordinator: {elsewhere[:5]}"
     assert any("/static/dashboard/vendor/chart.umd.min.js" in url for url in requested) or not (
