@@ -15,7 +15,7 @@ __all__ = ["finished_job"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def test_a_finished_jobs_page_links_to_its_document_which_shows_every_section(
+def test_a_finished_jobs_page_links_to_its_document_and_evaluates_again(
     open_page, consortium_admin, finished_job
 ) -> None:
     page = open_page()
@@ -65,3 +65,12 @@ def test_a_finished_jobs_page_links_to_its_document_which_shows_every_section(
     screenshot(page, "job-document")
     page.get_by_test_id("document-back").click()
     page.wait_for_url(f"**/#/jobs/{finished_job.pk}")
+
+    # A consortium admin asks for the final model to be evaluated again: the card follows
+    # the new evaluation, and the button waits until it has ended.
+    again = page.get_by_test_id("evaluate-again")
+    expect(again).to_be_enabled()
+    again.click()
+    expect(results).to_contain_text(f"running, asked for by {consortium_admin.username}")
+    expect(again).to_be_disabled()
+    expect(page.get_by_test_id("evaluate-error")).to_have_text("")

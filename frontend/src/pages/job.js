@@ -340,11 +340,18 @@ export async function render(root, [id], session) {
   const updated = el("p", { class: "muted", "data-testid": "job-updated", role: "status" });
   // The final model evaluated at every hospital on its own test set (GET results/).
   const resultsBox = el("div", { "data-testid": "results" }, el("p", { class: "muted" }, "Loading…"));
+  // A consortium admin may evaluate the final model again (POST evaluate/): after a
+  // hospital adds or fixes its test set, say.
+  const evaluateButton = el("button", { type: "button", class: "secondary", "data-testid": "evaluate-again", hidden: true }, "Evaluate again");
+  const evaluateError = el("p", { class: "error", role: "alert", "data-testid": "evaluate-error" });
+  evaluateButton.addEventListener("click", () => evaluateAgain());
   const resultsCard = el(
     "div",
     { class: "card job-results" },
     el("h2", {}, "Final metrics (each hospital's test set)"),
     resultsBox,
+    evaluateButton,
+    evaluateError,
   );
   const charts = el(
     "section",
@@ -905,6 +912,8 @@ export async function render(root, [id], session) {
   // hospital admin gets its name and its evaluation's status only, and the weighted means.
   const RESULT_STATUS = { no_test_set: "no test set" };
   function drawResults() {
+    evaluateButton.hidden = !(admin && job.state === "completed" && results?.evaluable);
+    evaluateButton.disabled = busy || results?.evaluation?.status === "running";
     if (!results) {
       resultsBox.replaceChildren(
         el("p", { class: "muted" }, TERMINAL.has(status?.state || job.state) ? "Loading…" : "Once the job completes, its final model is evaluated at every hospital that holds a test set."),
@@ -1120,6 +1129,27 @@ export async function render(root, [id], session) {
     if (!job.description?.privacy?.audit || status?.state !== "completed") return false;
     if (privacyRows.some((r) => r.round === job.rounds - 1)) return false;
     return Date.now() - new Date(status.state_changed_at).getTime() < 120_000;
+  }
+
+  async function evaluateAgain() {
+    busy = true;
+    drawResults();
+    evaluateError.textContent = "";
+    try {
+      results = await api(`jobs/${jobId}/evaluate/`, { method: "POST" });
+      toast(`Evaluation ${results.evaluation?.attempt ?? ""} of job ${job.id} started.`);
+      // Polling stopped once the last evaluation ended: follow the new one.
+      if (finalDone) {
+        finalDone = false;
+        stopPoll();
+        stopPoll = every(POLL_SECONDS, refresh);
+      }
+    } catch (error) {
+      evaluateError.textContent = error.message;
+    } finally {
+      busy = false;
+    }
+    drawResults();
   }
 
   async function act(action) {
