@@ -88,6 +88,7 @@ class TrainingConfig:
             self.privacy.to_json(),
             labels_at_server=labels_at_server,
             feature_sets=mode.feature_sets,
+            mode=mode.name,
         )
         if reasons:
             raise PrivacyOptionsError(reasons)
