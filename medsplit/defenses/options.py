@@ -367,13 +367,20 @@ class PrivacyOptions:
 
     @property
     def defended(self) -> bool:
-        """Whether any defense changes what crosses the cut (so the job is not exact)."""
+        """Whether any defense changes what crosses the cut (so the job is not exact).
+
+        SplitGuard's fake-label batches do (the server trains on them); SplitOut does not.
+        """
+        splitguard = self.hijack_detection is not None and (
+            self.hijack_detection.method == "splitguard"
+        )
         return any(
             (
                 self.activation_noise,
                 self.nopeek,
                 self.label_noise,
                 self.gradient_noise,
+                splitguard,
             )
         )
 
