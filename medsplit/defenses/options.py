@@ -439,7 +439,7 @@ def privacy_problems(
     *,
     labels_at_server: bool | None,
     feature_sets: bool = False,
-    mode: str | None = None,
+    label_probes: bool | None = None,
 ) -> tuple[PrivacyOptions | None, list[str]]:
     """The options read from ``data`` and every reason they do not fit the job's mode.
 
@@ -447,7 +447,8 @@ def privacy_problems(
         labels_at_server: whether the mode sends the labels to the server (``None``: the
             mode is not known yet, so the mode's rules are skipped).
         feature_sets: whether the mode's parties hold different features of a record.
-        mode: the mode's name, when known (SplitGuard is vanilla's only).
+        label_probes: whether the mode takes SplitGuard's fake-label probes (vanilla's
+            ``SplitMode.label_probes``), when known.
     """
     options, reasons = _read(data)
     if options is None or labels_at_server is None:
@@ -475,12 +476,12 @@ def privacy_problems(
         detection is not None
         and detection.method == "splitguard"
         and not feature_sets
-        and (not labels_at_server or (mode is not None and mode != "vanilla"))
+        and (not labels_at_server or label_probes is False)
     ):
         reasons.append(
             "hijack_detection method splitguard is available in vanilla mode only: its "
             "fake-label batches need the labels to travel to the server with the "
-            f"activations, the whole rest of the model there (mode {mode or 'this'!s} "
-            "does not; use method splitout)"
+            "activations, the whole rest of the model there (this mode does not; use "
+            "method splitout)"
         )
     return (None if reasons else options), reasons

@@ -659,7 +659,7 @@ def _check_privacy(mode: SplitMode | None, values, problems, normal, present) ->
         given,
         labels_at_server=labels_at_server,
         feature_sets=feature_sets,
-        mode=None if mode is None else mode.name,
+        label_probes=None if mode is None else mode.label_probes,
     )
     for reason in reasons:
         _add(problems, "privacy", reason)

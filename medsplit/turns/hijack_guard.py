@@ -192,7 +192,7 @@ class SplitGuardCheck:
         options = config.privacy.hijack_detection
         if options is None or options.method != "splitguard":
             raise ConfigError("the job does not turn hijack_detection splitguard on")
-        if config.mode != "vanilla":
+        if not config.split_mode.label_probes:
             raise ConfigError(
                 f"hijack_detection splitguard needs the labels to travel (vanilla mode); "
                 f"mode {config.mode!r} keeps them at the hospital"
