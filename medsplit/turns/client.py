@@ -430,6 +430,9 @@ class TurnClient:
         elif kind == FrameKind.PAUSED:
             report.outcome = ClientOutcome.PAUSED
             if step == self.position and step <= self.train_steps:
+                if self._before_fake is not None:  # a fake batch's forward moved no buffer
+                    import_parties(self._before_fake, self.parties)
+                    self._before_fake = None
                 # Nothing of step `step` was applied yet: this is the state "before" it.
                 self.snapshots.save(step, self._snapshot())
         else:
