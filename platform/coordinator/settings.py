@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "audit",
     "monitoring",
     "reports",
+    "exports",
 ]
 
 MIDDLEWARE = [

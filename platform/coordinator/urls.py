@@ -23,6 +23,7 @@ urlpatterns = [
     path("api/", include("hospitals.api.urls")),
     path("api/", include("training.api.urls")),
     path("api/", include("audit.api.urls")),
+    path("api/", include("exports.api.urls")),
     path("api/", include("monitoring.urls")),
     # A job's result document: an HTML page and its download, beside the dashboard.
     path("", include("reports.urls")),
