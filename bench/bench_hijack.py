@@ -1,10 +1,11 @@
-"""Benchmark the hospital's hijacking detector (SplitOut) against feature-space hijacking.
+"""Benchmark the hospital's hijacking detectors (SplitOut, SplitGuard) against hijacking.
 
 Run from the repository root::
 
     python bench/bench_hijack.py                # a table
     python bench/bench_hijack.py --json         # the same figures as JSON
     python bench/bench_hijack.py --runs 3 --epochs 3 --undetected-epochs 12
+    python bench/bench_hijack.py --method splitguard --probe-probability 0.3 --epochs 2
 
 Each seed runs a vanilla BreastMNIST job (small_cnn cut after ``pool1``; one hospital,
 its training split; Adam at 1e-3 on both sides) in process: the hospital's real
@@ -62,9 +63,12 @@ def _data(path: Path | None, seed: int) -> tuple[DataSplit, DataSplit, str]:
     return synthetic_split(546, seed=seed), synthetic_split(156, seed=seed + 1), "synthetic"
 
 
-def _config(seed: int, epochs: int, *, detect: bool) -> TrainingConfig:
+def _config(
+    seed: int, epochs: int, *, detect: bool, detector: HijackDetection | None = None
+) -> TrainingConfig:
     adam = OptimizerConfig(name="adam", lr=1e-3)
-    privacy = PrivacyOptions(hijack_detection=HijackDetection()) if detect else PrivacyOptions()
+    detector = detector or HijackDetection()
+    privacy = PrivacyOptions(hijack_detection=detector) if detect else PrivacyOptions()
     return TrainingConfig(
         cuts=(CUT,),
         mode="vanilla",
@@ -86,7 +90,12 @@ def _ssim(run: HijackRun, attacker: FeatureSpaceHijacker, train: DataSplit) -> f
 
 
 def one_seed(
-    seed: int, train: DataSplit, aux: DataSplit, epochs: int, undetected: int
+    seed: int,
+    train: DataSplit,
+    aux: DataSplit,
+    epochs: int,
+    undetected: int,
+    detector: HijackDetection | None = None,
 ) -> dict[str, Any]:
     torch.manual_seed(seed)
     model = build_model("small_cnn", spatial_dims=2, in_channels=1, num_classes=2, seed=seed)
@@ -106,9 +115,9 @@ def one_seed(
         )
 
     began = time.monotonic()
-    honest = turn(_config(seed, epochs, detect=True), None)
+    honest = turn(_config(seed, epochs, detect=True, detector=detector), None)
     out["honest_flagged"] = honest.detected is not None
-    out["honest_steps"] = len(honest.applied)
+    out["honest_steps"] = honest.client.train_steps
     out["honest_seconds"] = time.monotonic() - began
     steps_per_epoch = honest.client.train_steps // epochs
 
@@ -119,7 +128,7 @@ def one_seed(
 
     began = time.monotonic()
     attacker = hijacker()
-    caught = turn(_config(seed, epochs, detect=True), attacker)
+    caught = turn(_config(seed, epochs, detect=True, detector=detector), attacker)
     out["hijack_flagged"] = caught.detected is not None
     out["detected_at_step"] = caught.detected.step if caught.detected else None
     out["applied_before_detection"] = len(caught.applied)
@@ -159,11 +168,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--undetected-epochs", type=int, default=3)
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--method", choices=("splitout", "splitguard"), default="splitout")
+    parser.add_argument("--probe-probability", type=float, default=0.1, help="splitguard's")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     train, aux, source = _data(args.data, 0)
-    rows = [one_seed(s, train, aux, args.epochs, args.undetected_epochs) for s in range(args.runs)]
-    defaults = HijackDetection()
+    defaults = HijackDetection(method=args.method, probe_probability=args.probe_probability)
+    rows = [
+        one_seed(s, train, aux, args.epochs, args.undetected_epochs, defaults)
+        for s in range(args.runs)
+    ]
     return {
         "command": command_line("bench_hijack.py", argv),
         "date": today(),

@@ -12,6 +12,8 @@ default, each part an object of its own settings::
       "hijack_detection": {"method": "splitout"}
     }
 
+(``{"method": "splitguard", "probe_probability": 0.1}`` for SplitGuard, vanilla only.)
+
 - ``activation_noise``: the Gaussian mechanism on what a hospital's front sends, each
   sample clipped to ``clip_norm`` first, batches drawn by Poisson sampling, ε accounted
   over the whole job at ``delta``; ``target_epsilon`` instead of ``noise_multiplier``
@@ -26,7 +28,9 @@ default, each part an object of its own settings::
 - ``audit``: each hospital audits its own exposure (inversion, distance correlation,
   label leakage) every ``every_rounds`` rounds and reports the numbers.
 - ``hijack_detection``: each hospital checks the gradients it receives for a hijacking
-  server and stops taking part when it finds one.
+  server and stops taking part when it finds one (SplitOut in any mode but vertical;
+  SplitGuard's fake-label batches in vanilla mode, which the server trains on: a job
+  with SplitGuard on is not exact).
 
 The defenses change what crosses the cut, so a job with any of them is not exact against
 unsplit training (invariant 1 holds with all off); its noise is drawn from generators
@@ -57,7 +61,7 @@ __all__ = [
 #: The most rounds between two audits (a job has at most this many rounds in practice).
 MAX_AUDIT_INTERVAL = 10_000
 #: Detection methods and what each needs of the mode.
-HIJACK_METHODS = ("splitout",)
+HIJACK_METHODS = ("splitout", "splitguard")
 
 
 #: Why a mode whose parties hold different features of a record takes no activation noise.
@@ -241,7 +245,9 @@ class HijackDetection(_Part):
     Attributes:
         method: ``splitout``, an outlier detector fitted on gradients the hospital
             simulates honestly on a share of its own data (any mode but vertical).
-            SplitGuard's fake-label probes are not built, so not accepted.
+            ``splitguard``, SplitGuard's fake-label probes (vanilla mode only: the fake
+            labels must travel to the server; the server trains on the fake batches, so
+            the job is not exact while it is on).
         honest_records: the records of its own training split the hospital simulates
             honest training on (``splitout``).
         simulated_epochs: passes of the honest simulation over ``honest_records``; its
@@ -250,6 +256,13 @@ class HijackDetection(_Part):
             but one, as SplitOut does (``splitout``).
         window, outliers: the hospital stops when ``outliers`` of the server's last
             ``window`` gradient frames are outliers (``splitout``).
+        probe_probability: the chance that a training step sends a fake batch, drawn from
+            the job's seed, round and step (``splitguard``).
+        start_step: the first step of a turn that may be a fake batch (``splitguard``).
+        min_probes: the fake batches seen before any decision (``splitguard``).
+        threshold: the hospital stops when SplitGuard's score falls below it
+            (``splitguard``; near 1 honest, near 0 hijacked).
+        power: the score's exponent (``splitguard``; the paper's N).
     """
 
     key: ClassVar[str] = "hijack_detection"
@@ -259,9 +272,35 @@ class HijackDetection(_Part):
     neighbours: int | None = None
     window: int = 5
     outliers: int = 3
+    probe_probability: float = 0.1
+    start_step: int = 2
+    min_probes: int = 3
+    threshold: float = 0.3
+    power: float = 1.0
 
     def problems(self) -> list[str]:
         out = []
+        if not _number(self.probe_probability) or not 0 < self.probe_probability < 1:
+            out.append(
+                "hijack_detection.probe_probability must be a number in (0, 1), "
+                f"got {self.probe_probability!r}"
+            )
+        if not _integer(self.start_step) or not 0 <= self.start_step <= 100_000:
+            out.append(
+                "hijack_detection.start_step must be an integer in [0, 100000], "
+                f"got {self.start_step!r}"
+            )
+        if not _integer(self.min_probes) or not 1 <= self.min_probes <= 1000:
+            out.append(
+                "hijack_detection.min_probes must be an integer in [1, 1000], "
+                f"got {self.min_probes!r}"
+            )
+        if not _number(self.threshold) or not 0 < self.threshold < 1:
+            out.append(
+                f"hijack_detection.threshold must be a number in (0, 1), got {self.threshold!r}"
+            )
+        if not _number(self.power) or not 0 < self.power <= 100:
+            out.append(f"hijack_detection.power must be a number in (0, 100], got {self.power!r}")
         if not _integer(self.simulated_epochs) or not 1 <= self.simulated_epochs <= 100:
             out.append(
                 "hijack_detection.simulated_epochs must be an integer in [1, 100], "
@@ -328,13 +367,20 @@ class PrivacyOptions:
 
     @property
     def defended(self) -> bool:
-        """Whether any defense changes what crosses the cut (so the job is not exact)."""
+        """Whether any defense changes what crosses the cut (so the job is not exact).
+
+        SplitGuard's fake-label batches do (the server trains on them); SplitOut does not.
+        """
+        splitguard = self.hijack_detection is not None and (
+            self.hijack_detection.method == "splitguard"
+        )
         return any(
             (
                 self.activation_noise,
                 self.nopeek,
                 self.label_noise,
                 self.gradient_noise,
+                splitguard,
             )
         )
 
@@ -389,7 +435,11 @@ def _read(data: object) -> tuple[PrivacyOptions | None, list[str]]:
 
 
 def privacy_problems(
-    data: object, *, labels_at_server: bool | None, feature_sets: bool = False
+    data: object,
+    *,
+    labels_at_server: bool | None,
+    feature_sets: bool = False,
+    label_probes: bool | None = None,
 ) -> tuple[PrivacyOptions | None, list[str]]:
     """The options read from ``data`` and every reason they do not fit the job's mode.
 
@@ -397,6 +447,8 @@ def privacy_problems(
         labels_at_server: whether the mode sends the labels to the server (``None``: the
             mode is not known yet, so the mode's rules are skipped).
         feature_sets: whether the mode's parties hold different features of a record.
+        label_probes: whether the mode takes SplitGuard's fake-label probes (vanilla's
+            ``SplitMode.label_probes``), when known.
     """
     options, reasons = _read(data)
     if options is None or labels_at_server is None:
@@ -418,5 +470,18 @@ def privacy_problems(
             "hijack_detection is not available in a mode whose parties hold different "
             "features of the same records: a party's front is not the model's first "
             "segment, so it cannot simulate honest training of the rest"
+        )
+    detection = options.hijack_detection
+    if (
+        detection is not None
+        and detection.method == "splitguard"
+        and not feature_sets
+        and (not labels_at_server or label_probes is False)
+    ):
+        reasons.append(
+            "hijack_detection method splitguard is available in vanilla mode only: its "
+            "fake-label batches need the labels to travel to the server with the "
+            "activations, the whole rest of the model there (this mode does not; use "
+            "method splitout)"
         )
     return (None if reasons else options), reasons

@@ -281,6 +281,9 @@ class SplitMode(ABC):
     hands_on: ClassVar[bool] = True
     runs_on_platform: ClassVar[bool] = True
     parallel_in_process: ClassVar[bool] = False
+    #: Whether SplitGuard's fake-label probes fit: the labels travel with the activations
+    #: to one server holding the rest of the model, every step its own (vanilla only).
+    label_probes: ClassVar[bool] = False
 
     # -- parties and segments ------------------------------------------------------------
 

@@ -58,6 +58,7 @@ class VanillaMode(SplitMode):
     summary = "the hospital keeps the first layers; the server the rest and the labels"
     cuts = 1
     labels = Side.SERVER
+    label_probes = True
 
     def client_segments(self) -> dict[str, int]:
         return {"front": 0}

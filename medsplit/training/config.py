@@ -88,6 +88,7 @@ class TrainingConfig:
             self.privacy.to_json(),
             labels_at_server=labels_at_server,
             feature_sets=mode.feature_sets,
+            label_probes=mode.label_probes,
         )
         if reasons:
             raise PrivacyOptionsError(reasons)

@@ -656,7 +656,10 @@ def _check_privacy(mode: SplitMode | None, values, problems, normal, present) ->
     labels_at_server = None if mode is None else mode.labels == Side.SERVER
     feature_sets = mode is not None and mode.feature_sets
     options, reasons = privacy_problems(
-        given, labels_at_server=labels_at_server, feature_sets=feature_sets
+        given,
+        labels_at_server=labels_at_server,
+        feature_sets=feature_sets,
+        label_probes=None if mode is None else mode.label_probes,
     )
     for reason in reasons:
         _add(problems, "privacy", reason)

@@ -48,7 +48,7 @@ from medsplit.training.schedule import Batch, turn_batches, turn_limits
 from medsplit.turns import control
 from medsplit.turns.checkpoints import CheckpointPolicy
 from medsplit.turns.frameio import FrameCounters, FrameIO
-from medsplit.turns.hijack_guard import HijackGuard
+from medsplit.turns.hijack_guard import HijackGuard, SplitGuardCheck
 from medsplit.turns.states import CLIENT_TRANSITIONS, ClientState, TurnState
 from medsplit.turns.stores import StateStore
 from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind
@@ -170,7 +170,10 @@ class TurnClient:
         guard: judges every gradient frame at the front's cut before it is applied
             (:mod:`medsplit.turns.hijack_guard`); by default one fitted here when the
             job turns ``privacy.hijack_detection`` on. Once it has tripped, every run
-            raises :class:`~medsplit.defenses.hijack.HijackDetected` at once.
+            raises :class:`~medsplit.defenses.hijack.HijackDetected` at once. With
+            method ``splitguard`` (:class:`~medsplit.turns.hijack_guard.SplitGuardCheck`)
+            some steps send fake labels; their gradients are judged and not applied here
+            (the front is put back as it was before the step), nor their loss kept.
 
     What changes while it runs: :attr:`turn_state`, :attr:`parties`, :attr:`role`,
     :attr:`position`, :attr:`policy`, the batches, :attr:`record` and
@@ -200,7 +203,7 @@ class TurnClient:
         role: Callable[[dict[str, Party]], ClientRole] | None = None,
         batches: Callable[[int], Iterator[Batch]] | None = None,
         extra_metrics: Mapping[str, float] | None = None,
-        guard: HijackGuard | None = None,
+        guard: HijackGuard | SplitGuardCheck | None = None,
     ) -> None:
         self.ids = ids
         self.extra_metrics = dict(extra_metrics or {})
@@ -245,6 +248,9 @@ class TurnClient:
             guard = self._simulated_guard(start)
         self.guard = guard
         self._labels: torch.Tensor | None = None
+        self._true_labels: torch.Tensor | None = None
+        #: The state before the step in flight, when it is a SplitGuard fake batch.
+        self._before_fake: bytes | None = None
         self.turn_state = TurnState(CLIENT_TRANSITIONS, ClientState.STARTING, side="hospital")
         self.parties: dict[str, Party] = {}
         self.role: ClientRole | None = None
@@ -256,7 +262,12 @@ class TurnClient:
         #: Every step this turn resumed at, over all runs (a run cut short included).
         self.resumed_at: list[int] = []
 
-    def _simulated_guard(self, start: bytes) -> HijackGuard:
+    def _simulated_guard(self, start: bytes) -> HijackGuard | SplitGuardCheck:
+        options = self.config.privacy.hijack_detection
+        if options is not None and options.method == "splitguard":
+            return SplitGuardCheck.of(
+                split=self.split, config=self.config, classes=self.limits.num_classes or 2
+            )
         parties = self.make_parties()
         import_parties(start, parties)
         return HijackGuard.simulated(
@@ -419,6 +430,9 @@ class TurnClient:
         elif kind == FrameKind.PAUSED:
             report.outcome = ClientOutcome.PAUSED
             if step == self.position and step <= self.train_steps:
+                if self._before_fake is not None:  # a fake batch's forward moved no buffer
+                    import_parties(self._before_fake, self.parties)
+                    self._before_fake = None
                 # Nothing of step `step` was applied yet: this is the state "before" it.
                 self.snapshots.save(step, self._snapshot())
         else:
@@ -478,8 +492,15 @@ class TurnClient:
         if self.position < self.train_steps:
             batch = next(self._batches)
             self._in_step = True
-            self._labels = batch.y
-            return self.role.start(batch.ids, batch.x.to(self.device), batch.y.to(self.device))
+            y = self._true_labels = batch.y
+            self._before_fake = None
+            if isinstance(self.guard, SplitGuardCheck):
+                fake = self.guard.labels(y, round_=self.ids.round, step=self.position)
+                if fake is not None:  # kept to put the front back: a fake step teaches nothing
+                    self._before_fake = export_parties(self.parties)
+                    y = fake
+            self._labels = y
+            return self.role.start(batch.ids, batch.x.to(self.device), y.to(self.device))
         if self.position < self.metrics_step:
             x = self._val_images(self.position - self.train_steps).to(self.device)
             # How validation crosses the cut is the mode's (medsplit.modes).
@@ -497,16 +518,24 @@ class TurnClient:
             return self._next_frame()
         if not self._in_step:
             raise ProtocolError(f"a {frame.meta.kind} frame came with no step in flight")
-        if self.guard is not None:
+        fake = self._before_fake is not None
+        if isinstance(self.guard, SplitGuardCheck):
+            assert self._true_labels is not None
+            self.guard.check(frame, fake=fake, labels=self._true_labels)  # before applying
+        elif self.guard is not None:
             self.guard.check(frame, self._labels)  # before anything of it is applied
         # The role checks the frame (form, batch, finite values) before applying it.
         result = self.role.receive(self._on_device(frame))
         if isinstance(result, Frame):
             return result
         self._in_step = False
-        if not math.isnan(result.loss):  # a vertical passive party never learns the loss
+        if self._before_fake is not None:
+            # SplitGuard's fake batch: the front (weights, buffers, optimizer) as before it.
+            import_parties(self._before_fake, self.parties)
+            self._before_fake = None
+        elif not math.isnan(result.loss):  # a vertical passive party never learns the loss
             self.record.losses[self.position] = result.loss
-        if self.on_step is not None:
+        if self.on_step is not None and not fake:
             self.on_step(result)
         self.position += 1
         if self.policy.due(self.position, train_steps=self.train_steps):

@@ -8,6 +8,10 @@ steps are the honest points of a :class:`~medsplit.defenses.hijack.SplitOutDetec
 Every gradient frame of the server that carries the gradient at the front's cut is then
 judged before anything of it is applied; a tripped detector raises
 :class:`~medsplit.defenses.hijack.HijackDetected` and the turn ends there.
+
+:class:`SplitGuardCheck` is the other method (``splitguard``, vanilla mode): it simulates
+nothing; it picks the steps whose labels are faked and scores the server's gradients for
+them against the regular ones (:mod:`medsplit.defenses.splitguard`).
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ from medsplit.cutting import SplitModel
 from medsplit.data import DataSplit
 from medsplit.defenses.hijack import SplitOutDetector, Verdict, gradient_features
 from medsplit.defenses.options import HijackDetection
+from medsplit.defenses.splitguard import SplitGuardDetector, fake_labels, is_probe, summed
 from medsplit.errors import ConfigError
 from medsplit.protocol.party import Party
 from medsplit.protocol.roles import LossFn
 from medsplit.training.config import TrainingConfig
 from medsplit.wire import Frame, FrameKind
 
-__all__ = ["HijackGuard", "honest_gradients"]
+__all__ = ["HijackGuard", "SplitGuardCheck", "honest_gradients"]
 
 
 def honest_gradients(
@@ -156,3 +161,74 @@ class HijackGuard:
         if not grads:
             return None
         return self.detector.judge(gradient_features(grads, labels), step=frame.meta.step)
+
+
+class SplitGuardCheck:
+    """SplitGuard on a vanilla turn: picks the fake batches and judges their gradients.
+
+    Args:
+        detector: keeps the gradients and the score (:mod:`medsplit.defenses.splitguard`).
+        cut: the names of the tensors crossing the front's cut.
+        options: the job's ``hijack_detection`` (its SplitGuard settings).
+        seed: the job's seed (the probes are drawn from it, the round and the step).
+        classes: the classes the fake labels are drawn from.
+    """
+
+    def __init__(
+        self,
+        detector: SplitGuardDetector,
+        cut: tuple[str, ...],
+        *,
+        options: HijackDetection,
+        seed: int,
+        classes: int,
+    ) -> None:
+        self.detector, self.cut, self.options = detector, cut, options
+        self.seed, self.classes = seed, classes
+
+    @classmethod
+    def of(cls, *, split: SplitModel, config: TrainingConfig, classes: int) -> SplitGuardCheck:
+        """The check the job's options ask for."""
+        options = config.privacy.hijack_detection
+        if options is None or options.method != "splitguard":
+            raise ConfigError("the job does not turn hijack_detection splitguard on")
+        if not config.split_mode.label_probes:
+            raise ConfigError(
+                f"hijack_detection splitguard needs the labels to travel (vanilla mode); "
+                f"mode {config.mode!r} keeps them at the hospital"
+            )
+        detector = SplitGuardDetector(
+            threshold=options.threshold, min_probes=options.min_probes, power=options.power
+        )
+        cut = tuple(t.name for t in split.boundaries[0])
+        return cls(detector, cut, options=options, seed=config.seed, classes=max(2, classes))
+
+    def labels(self, labels: torch.Tensor, *, round_: int, step: int) -> torch.Tensor | None:
+        """Fake labels when step ``step`` is a probe, else ``None``."""
+        if labels.dim() != 1 or not is_probe(
+            seed=self.seed,
+            round_=round_,
+            step=step,
+            probability=self.options.probe_probability,
+            start=self.options.start_step,
+        ):
+            return None  # masks (segmentation) are never faked
+        return fake_labels(labels, classes=self.classes, seed=self.seed, round_=round_, step=step)
+
+    def check(self, frame: Frame, *, fake: bool, labels: torch.Tensor) -> float | None:
+        """Keep the frame's gradient at the front's cut; the score after a fake batch.
+
+        ``labels`` are the batch's true classes, also for a fake batch.
+
+        Raises:
+            SplitGuardDetected: the score fell below the threshold (now or before).
+        """
+        if self.detector.tripped is not None:
+            raise self.detector.tripped
+        if frame.meta.kind != FrameKind.GRADIENTS:
+            return None
+        grads = {n: frame.tensors[n] for n in self.cut if n in frame.tensors}
+        if not grads:
+            return None
+        vector = summed(grads, labels, classes=self.classes)
+        return self.detector.judge(vector, fake=fake, step=frame.meta.step)

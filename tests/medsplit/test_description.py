@@ -485,5 +485,23 @@ def test_a_vertical_job_takes_no_activation_noise_nor_hijack_check() -> None:
     reasons = " / ".join(problems["privacy"])
     assert "activation_noise is not available in a mode whose parties hold" in reasons
     assert "hijack_detection is not available" in reasons
-    splitguard = problems_of(described(privacy={"hijack_detection": {"method": "splitguard"}}))
-    assert "must be one of splitout, got 'splitguard'" in splitguard["privacy"][0]
+    # SplitGuard's fake labels must travel with the activations: vanilla mode only.
+    splitguard = problems_of(
+        described(
+            mode="vertical",
+            cuts=["pool1", "pool"],
+            privacy={"hijack_detection": {"method": "splitguard"}},
+        )
+    )
+    assert "hijack_detection is not available" in splitguard["privacy"][0]
+
+
+def test_splitguard_is_accepted_in_vanilla_mode_and_refused_where_labels_stay() -> None:
+    guard = {"hijack_detection": {"method": "splitguard"}}
+    assert JobDescription.problems(described(privacy=guard)) == {}
+    # The server trains on the fake batches: not exact, unlike SplitOut's reading only.
+    assert JobDescription.from_json(described(privacy=guard)).privacy.defended
+    splitout = {"hijack_detection": {"method": "splitout"}}
+    assert not JobDescription.from_json(described(privacy=splitout)).privacy.defended
+    problems = problems_of(described(mode="ushaped", cuts=["pool1", "pool"], privacy=guard))
+    assert "available in vanilla mode only" in " / ".join(problems["privacy"])
