@@ -46,6 +46,7 @@ from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
+from tests.workers.hospitals import differences
 from tests.workers.processes import (
     REPO,
     Processes,
@@ -486,7 +487,10 @@ def assert_exact(
             got.update(party.module.state_dict())
         assert got.keys() == want.keys()
         for name, value in want.items():
-            assert torch.equal(got[name], value), f"agent {i}: {name} differs from unsplit training"
+            assert torch.equal(got[name], value), (
+                f"agent {i}: {name} differs from unsplit training ({differences(got, want)}; "
+                f"seed {config.seed})"
+            )
 
 
 def assert_every_handoff_recorded(job: Job) -> None:
