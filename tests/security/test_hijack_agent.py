@@ -149,7 +149,8 @@ def test_a_real_agent_catches_a_hijacking_server_and_takes_no_further_step(
     # The job's retry: the agent refuses it by its mark, sending no frame at all.
     (retry,) = job_advance_group(job_id=job.pk)
     assert retry.attempt == 2
-    assert _serve(retry, attacker, monkeypatch) == "stopped"
+    # (The agent may refuse it before the runner claims it: then there is nothing to run.)
+    assert _serve(retry, attacker, monkeypatch) in ("stopped", "not claimed")
     retry.refresh_from_db()
     assert retry.failure_reason.split(": ", 1)[1] == reason
     assert sorted(attacker.sent) == list(range(detected + 1))
