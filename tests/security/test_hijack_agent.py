@@ -154,6 +154,10 @@ def test_a_real_agent_catches_a_hijacking_server_and_takes_no_further_step(
     retry.refresh_from_db()
     assert retry.failure_reason.split(": ", 1)[1] == reason
     assert sorted(attacker.sent) == list(range(detected + 1))
+    # The agent's own account: one turn taken, two refusals (the detection, the mark).
+    log = (processes.folder / "agent-0.log").read_text(errors="replace")
+    assert log.count(": my turn (") == 1
+    assert log.count(f"ERROR hospital_agent.hijack: job {job.pk}: {REASON_PREFIX}") == 2
     assert job_advance_group(job_id=job.pk) == []
     job.refresh_from_db()
     assert job.state == JobState.FAILED
