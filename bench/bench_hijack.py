@@ -190,6 +190,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def _applied(method: str) -> str:
+    """What "detected at step N" means for the hospital's front."""
+    if method == "splitguard":
+        return (
+            "detected at step 13 means the 13 steps before it were sent and the regular ones "
+            "among them applied (a fake batch's step never is), the 14th gradient frame refused."
+        )
+    return "detected at step 2 means two steps applied, the third gradient frame refused."
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     s = result["summary"]
     head = (
@@ -197,8 +207,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"{result['link']}; detector settings {json.dumps(result['detector'])}. "
         f"Each honest run {result['runs'][0]['honest_steps']} steps "
         f"({result['runs'][0]['steps_per_epoch']} a epoch), no step of it flagged for a true "
-        "negative; a step number is 0-based: detected at step 2 means two steps applied, the "
-        "third gradient frame refused.\n\n"
+        f"negative; a step number is 0-based: {_applied(result['detector']['method'])}\n\n"
     )
     totals = table(
         [

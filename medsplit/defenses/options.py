@@ -280,6 +280,9 @@ class HijackDetection(_Part):
 
     def problems(self) -> list[str]:
         out = []
+        # 0 would never probe (SplitGuard on, checking nothing); 1 would fake every batch
+        # from start_step on, so the hospital's front would never train and no regular
+        # gradient would come to compare the fake ones with.
         if not _number(self.probe_probability) or not 0 < self.probe_probability < 1:
             out.append(
                 "hijack_detection.probe_probability must be a number in (0, 1), "

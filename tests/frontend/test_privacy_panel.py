@@ -90,3 +90,27 @@ def test_the_new_job_form_sends_the_privacy_options_ticked(
         "audit": {"every_rounds": 1, "decoder_steps": 50, "records": 1024},
         "activation_noise": {"clip_norm": 1.0, "target_epsilon": 4, "delta": 1e-5},
     }
+
+
+def test_the_new_job_form_shows_why_a_probe_probability_of_zero_is_refused(
+    open_page, consortium_admin, three_hospitals
+) -> None:
+    page = open_page()
+    sign_in(page, consortium_admin.username)
+    page.goto("/#/jobs/new")
+    form = page.get_by_test_id("job-form")
+    form.wait_for()
+    form.get_by_label(re.compile("^Model", re.I)).select_option("small_cnn")
+    form.get_by_label("Hijack detection").check()
+    form.get_by_label("Method").select_option("splitguard")
+    form.get_by_label("Probe probability (splitguard)").fill("0")
+    with page.expect_response(
+        lambda r: r.request.method == "POST" and r.url.endswith("/api/jobs/")
+    ) as answered:
+        page.get_by_test_id("create-job").click()
+    assert answered.value.status == 400
+    # The server's reason, beside the privacy section, naming the setting and its value.
+    expect(page.locator("#privacy-error")).to_have_text(
+        "hijack_detection.probe_probability must be a number in (0, 1), got 0"
+    )
+    expect(page).to_have_url(re.compile(r"#/jobs/new$"))

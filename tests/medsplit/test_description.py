@@ -505,3 +505,68 @@ def test_splitguard_is_accepted_in_vanilla_mode_and_refused_where_labels_stay() 
     assert not JobDescription.from_json(described(privacy=splitout)).privacy.defended
     problems = problems_of(described(mode="ushaped", cuts=["pool1", "pool"], privacy=guard))
     assert "available in vanilla mode only" in " / ".join(problems["privacy"])
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"probe_probability": 0}, "hijack_detection.probe_probability must be a number in (0, 1)"),
+        ({"probe_probability": 0.0}, "hijack_detection.probe_probability"),
+        ({"probe_probability": 1}, "hijack_detection.probe_probability"),
+        ({"probe_probability": 1.5}, "hijack_detection.probe_probability"),
+        ({"probe_probability": -0.1}, "hijack_detection.probe_probability"),
+        ({"probe_probability": "0.1"}, "hijack_detection.probe_probability"),
+        ({"probe_probability": True}, "hijack_detection.probe_probability"),
+        ({"probe_probability": None}, "hijack_detection.probe_probability"),
+        ({"threshold": 0}, "hijack_detection.threshold must be a number in (0, 1)"),
+        ({"threshold": 1}, "hijack_detection.threshold"),
+        ({"min_probes": 0}, "hijack_detection.min_probes must be an integer in [1, 1000]"),
+        ({"min_probes": 2.5}, "hijack_detection.min_probes"),
+        ({"start_step": -1}, "hijack_detection.start_step must be an integer in [0, 100000]"),
+        ({"power": 0}, "hijack_detection.power must be a number in (0, 100]"),
+        ({"method": "magic"}, "hijack_detection.method must be one of splitout, splitguard"),
+    ],
+)
+def test_splitguard_settings_out_of_range_are_refused_by_name(settings: dict, named: str) -> None:
+    problems = problems_of(
+        described(privacy={"hijack_detection": {"method": "splitguard", **settings}})
+    )
+    assert list(problems) == ["privacy"]
+    (reason,) = problems["privacy"]
+    assert named in reason
+    # The setting's value is quoted back, so the message says what was wrong with it.
+    (value,) = settings.values()
+    assert repr(value) in reason
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"honest_records": 3}, "hijack_detection.honest_records must be an integer in [16, "),
+        ({"simulated_epochs": 0}, "hijack_detection.simulated_epochs must be an integer in [1, "),
+        ({"neighbours": 0}, "hijack_detection.neighbours must be an integer in [1, 10000] or null"),
+        ({"window": 0}, "hijack_detection.window must be an integer in [1, 1000]"),
+        (
+            {"window": 3, "outliers": 4},
+            "hijack_detection.outliers must be an integer in [1, window=3]",
+        ),
+    ],
+)
+def test_splitout_settings_out_of_range_are_refused_by_name(settings: dict, named: str) -> None:
+    problems = problems_of(described(privacy={"hijack_detection": settings}))
+    assert any(named in reason for reason in problems["privacy"]), problems
+
+
+def test_the_description_in_code_refuses_a_probe_probability_of_zero() -> None:
+    # Not only its JSON form: options built in code are checked as they are made.
+    from medsplit.defenses import HijackDetection, PrivacyOptions
+    from medsplit.defenses.options import PrivacyOptionsError
+
+    with pytest.raises(
+        PrivacyOptionsError, match=r"probe_probability must be a number in \(0, 1\)"
+    ):
+        PrivacyOptions(hijack_detection=HijackDetection(method="splitguard", probe_probability=0))
+    ok = PrivacyOptions(
+        hijack_detection=HijackDetection(method="splitguard", probe_probability=0.5)
+    )
+    assert ok.hijack_detection is not None and ok.hijack_detection.probe_probability == 0.5

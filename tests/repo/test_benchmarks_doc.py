@@ -25,16 +25,30 @@ def test_every_benchmark_has_one_section_and_a_renderer() -> None:
     doc = DOC.read_text()
     names = [b.name for b in run_all.BENCHMARKS]
     assert report.sections(doc) == names, "sections must be in run_all's order, once each"
-    for name in names:
-        tree = ast.parse((BENCH / f"{name}.py").read_text())
+    for bench in run_all.BENCHMARKS:
+        tree = ast.parse((BENCH / f"{bench.script}.py").read_text())
         functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        assert {"markdown", "main"} <= functions, f"{name}.py lacks markdown() or main()"
-        assert doc.count(report.end_marker(name)) == 1
+        assert {"markdown", "main"} <= functions, f"{bench.script}.py lacks markdown() or main()"
+        assert doc.count(report.end_marker(bench.name)) == 1
 
 
 def test_every_benchmark_script_is_run_by_run_all() -> None:
     scripts = {p.stem for p in BENCH.glob("bench_*.py")}
-    assert scripts == {b.name for b in run_all.BENCHMARKS}
+    assert scripts == {b.script for b in run_all.BENCHMARKS}
+
+
+def test_splitguard_rows_come_from_bench_hijack_with_its_method() -> None:
+    # One script, two sections: SplitOut's with the defaults, SplitGuard's with its own.
+    benches = run_all.by_name()
+    splitout, splitguard = benches["bench_hijack"], benches["bench_hijack_splitguard"]
+    assert splitout.script == splitguard.script == "bench_hijack"
+    for args in (splitguard.args, splitguard.quick):
+        assert args[args.index("--method") + 1] == "splitguard"
+    assert "--method" not in splitout.args + splitout.quick
+    sys.path.insert(0, str(BENCH))
+    import bench_hijack
+
+    assert bench_hijack.main.__module__ == "bench_hijack"  # importable, as render() does
 
 
 def test_replace_section_keeps_the_prose_around_it() -> None:

@@ -45,6 +45,33 @@ def test_the_privacy_option_is_taken_and_its_problems_named_by_field(
     assert "labels" in " ".join(refused.json()["details"]["privacy"])
 
 
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"method": "splitguard", "probe_probability": 0}, "probe_probability"),
+        ({"method": "splitguard", "probe_probability": 1.5}, "probe_probability"),
+        ({"method": "splitguard", "probe_probability": "often"}, "probe_probability"),
+        ({"method": "splitguard", "min_probes": 0}, "min_probes"),
+        ({"method": "splitguard", "threshold": -1}, "threshold"),
+        ({"method": "splitout", "window": 0}, "window"),
+        ({"method": "splitout", "honest_records": 2}, "honest_records"),
+        ({"method": "splitgaurd"}, "method"),
+    ],
+)
+def test_nonsense_hijack_detection_settings_are_refused_naming_the_setting(
+    client_for, consortium_admin, job_data, options: dict, named: str
+) -> None:
+    api = client_for(consortium_admin)
+    refused = api.post("/api/jobs/", job_data(privacy={"hijack_detection": options}), format="json")
+    assert refused.status_code == 400, refused.json()
+    body = refused.json()
+    assert list(body["details"]) == ["privacy"]
+    (reason,) = body["details"]["privacy"]
+    assert reason.startswith(f"hijack_detection.{named} must be ")
+    assert repr(options[named]) in reason  # the value sent, quoted back
+    assert not api.get("/api/jobs/").json()["results"]  # nothing was stored
+
+
 def test_where_labels_stay_home_the_leakage_aucs_are_reported_and_everyone_reads_them(
     make_job, three_hospitals, observer_actor, admin_actor
 ) -> None:
