@@ -40,6 +40,7 @@ from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind
 
 __all__ = [
     "INFERENCE_ROUND_BASE",
+    "INFERENCE_TOPIC",
     "InferenceFailed",
     "InferenceResult",
     "InferenceServed",
@@ -49,6 +50,10 @@ __all__ = [
     "predict_through",
     "serve_inference",
 ]
+
+#: The stream pair's topic an inference request's frames go on (``RelayKeys.streams``),
+#: apart from the job's training streams.
+INFERENCE_TOPIC = "infer"
 
 #: Inference rounds start here, far past any job's training rounds and evaluations
 #: (``rounds + attempt - 1``), so no frame of those is taken for an inference's.
