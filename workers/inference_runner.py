@@ -141,7 +141,7 @@ def run(request_id: int, *, runner: str) -> str:
                 config.job,
                 inference_round(request.pk),
                 request.position,
-                config.split_mode.name,
+                config.mode,
                 config.codec,
             ),
             mode=config.split_mode,
