@@ -90,7 +90,8 @@ def _add_audit_flags(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``medsplit-agent`` with ``argv``; returns the exit code."""
-    args = parser().parse_args(argv)
+    # Intermixed: `predict --job N PATH...` has its paths after the options.
+    args = parser().parse_intermixed_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -165,6 +166,8 @@ def privacy_audit(config: AgentConfig, args: argparse.Namespace) -> int:
 
 def predict(config: AgentConfig, args: argparse.Namespace) -> int:
     """Predict on the images through the job's final model; one line on failure."""
+    # MONAI logs each reader that could not open a file; the one line below says which.
+    logging.getLogger("LoadImage").setLevel(logging.WARNING)
     try:
         check_request(args.job, args.paths)
         written = run_predict(

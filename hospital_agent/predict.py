@@ -33,6 +33,7 @@ from hospital_agent.coordinator import Backoff, Coordinator
 from hospital_agent.data.transforms import load_for_job, load_for_prediction
 from hospital_agent.identity import load_credentials, write_private
 from hospital_agent.relay import Relay
+from hospital_agent.service import use_deterministic_kernels
 from hospital_agent.turns import EXTRA_MODES_SETTING, MODEL_MODULES_SETTING, Assignment
 from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import require_model_module, set_model_modules
@@ -82,6 +83,7 @@ def predict(config: AgentConfig, request: PredictRequest) -> Predictions:
     credentials = load_credentials(config.work_dir)
     if credentials is None:
         raise PredictProblem(f"this agent is not enrolled (no credentials in {config.work_dir})")
+    use_deterministic_kernels(config.deterministic)  # as the agent's turns ran
     load_extra_modes(mode_paths(config.extra_modes))
     set_model_modules(config.model_modules, setting=MODEL_MODULES_SETTING)
     coordinator = Coordinator(
