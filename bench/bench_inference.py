@@ -184,8 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--serving-batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared machine more threads than free cores "
+        "make either side wait on the other's intra-op barriers)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     runs = [
         run_case(name, images, args.repeats, args.serving_batch)
         for name in args.models
