@@ -83,7 +83,8 @@ def markdown(result: dict[str, object]) -> str:
         rows,
     ) + (
         f"\n\n{result['repeats']} interleaved repetitions per row, "
-        f"{result['torch_threads']} torch threads, serving batch {result['serving_batch']}."
+        f"{result['torch_threads']} torch thread{'' if result['torch_threads'] == 1 else 's'}, "
+        f"serving batch {result['serving_batch']}."
     )
 
 
