@@ -22,7 +22,7 @@ from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
 from medsplit.cutting import SplitModel
 from medsplit.modes import require_mode
-from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.protocol.handoff import import_parties
 from medsplit.protocol.party import Party
 from medsplit.training.config import TrainingConfig
 from medsplit.training.setup import cached_split, server_party
@@ -92,11 +92,9 @@ def _load(job: Job, checkpoint: tuple[str, str] | None) -> Segment:
     description = job.job_description()
     split = cached_split(job_model(job), config.cuts)
     party = server_party(split, config)
-    if checkpoint is not None:
+    if checkpoint is not None:  # else a job that trained no step: its fresh segment
         path, sha256 = checkpoint
         import_parties(read_verified(checkpoint_dir() / path, sha256), {SERVER_PARTY: party})
-    else:  # a job that trained no step: its fresh server segment, as evaluation takes it
-        import_parties(export_parties({SERVER_PARTY: party}), {SERVER_PARTY: party})
     party.module.eval()
     return Segment(
         config=config,
