@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.paths and args.command != "predict":
+        print(f"medsplit-agent: {args.command} takes no PATH (only predict does)", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         config = load_config(file=args.config, flags=config_flags(args), env=os.environ)
     except ConfigError as e:
