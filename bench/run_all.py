@@ -120,6 +120,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         (),
         ("--datasets", "breastmnist", "--cuts", "conv1", "--train-steps", "3", "--steps", "5"),
     ),
+    # About a minute at a load of 7 on the 2 cores (2026-12-02).
+    Benchmark(
+        "bench_inference", 1, ("--repeats", "15"), ("--repeats", "3", "--models", "small_cnn")
+    ),
 )
 
 

@@ -1,5 +1,6 @@
 """``medsplit-agent``: run the agent, check its configuration and data offline, show its
-status (identity and pinned fingerprints) offline, or audit a cut's privacy on its own data."""
+status (identity and pinned fingerprints) offline, audit a cut's privacy on its own data,
+or predict on images through a completed job's final model."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hospital_agent import __version__
 from hospital_agent.config import AgentConfig, add_config_flags, config_flags, load_config
+from hospital_agent.coordinator import CoordinatorError
 from hospital_agent.data import DataProblem, check_data
+from hospital_agent.predict import PredictRequest, check_request
+from hospital_agent.predict import predict as run_predict
 from hospital_agent.privacy_audit import AuditRequest, run_privacy_audit
 from hospital_agent.service import EXIT_CONFIG, Agent
 from hospital_agent.status import render, status_lines
@@ -33,13 +38,16 @@ def parser() -> argparse.ArgumentParser:
         "command",
         nargs="?",
         default="run",
-        choices=["run", "check", "status", "privacy-audit"],
+        choices=["run", "check", "status", "privacy-audit", "predict"],
         help="run (default): take part in jobs; check: validate the configuration "
         "and the data without contacting anyone; status: this agent's hospital, identity "
         "fingerprint and the fingerprints it pinned for its peers, from its work directory; "
         "privacy-audit: how much a cut of --model leaks on this hospital's own data "
-        "(offline; figures and a picture grid go to the work directory's privacy/)",
+        "(offline; figures and a picture grid go to the work directory's privacy/); "
+        "predict: a completed job's final model on the image PATHs, through the split "
+        "(a CSV of predictions; masks too for segmentation)",
     )
+    p.add_argument("paths", nargs="*", metavar="PATH", help="predict: the images")
     p.add_argument("--config", metavar="FILE", help="a TOML file; its keys are listed below")
     p.add_argument(
         "--log-level",
@@ -48,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
         help="DEBUG, INFO, WARNING or ERROR (MEDSPLIT_AGENT_LOG_LEVEL; default INFO)",
     )
     _add_audit_flags(p)
+    predict = p.add_argument_group("predict", "the job and where the predictions go")
+    predict.add_argument("--job", type=int, help="the completed job's id")
+    predict.add_argument(
+        "--out",
+        help="the CSV to write (default: <work_dir>/predictions/job-N.csv; a segmentation "
+        "job's masks go to a folder beside it, <name>_masks/)",
+    )
     # Every configuration key gets its flag from the one table in config.py.
     add_config_flags(p)
     return p
@@ -75,11 +90,15 @@ def _add_audit_flags(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``medsplit-agent`` with ``argv``; returns the exit code."""
-    args = parser().parse_args(argv)
+    # Intermixed: `predict --job N PATH...` has its paths after the options.
+    args = parser().parse_intermixed_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.paths and args.command != "predict":
+        print(f"medsplit-agent: {args.command} takes no PATH (only predict does)", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         config = load_config(file=args.config, flags=config_flags(args), env=os.environ)
     except ConfigError as e:
@@ -91,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status(config)
     if args.command == "privacy-audit":
         return privacy_audit(config, args)
+    if args.command == "predict":
+        return predict(config, args)
     return Agent(config).run()
 
 
@@ -143,6 +164,28 @@ def privacy_audit(config: AgentConfig, args: argparse.Namespace) -> int:
     else:
         print(format_report(outcome.report, source=f"this hospital's {config.data.kind} data"))
         print(f"figures: {outcome.figures}")
+    return 0
+
+
+def predict(config: AgentConfig, args: argparse.Namespace) -> int:
+    """Predict on the images through the job's final model; one line on failure."""
+    # MONAI logs each reader that could not open a file; the one line below says which.
+    logging.getLogger("LoadImage").setLevel(logging.WARNING)
+    try:
+        check_request(args.job, args.paths)
+        written = run_predict(
+            config,
+            PredictRequest(
+                job=args.job,
+                paths=tuple(args.paths),
+                out=Path(args.out) if args.out else None,
+            ),
+        )
+    except (MedSplitError, CoordinatorError) as e:
+        print(f"medsplit-agent predict: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    masks = f"; masks in {written.masks}" if written.masks is not None else ""
+    print(f"{written.samples} predictions written to {written.csv}{masks}")
     return 0
 
 

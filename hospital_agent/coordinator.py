@@ -137,6 +137,16 @@ class Coordinator:
         )
         return response.json(), response.headers.get("ETag", "")
 
+    def assignment(self, job: int) -> dict[str, Any]:
+        """The agent's assignment of ``job`` (a completed job's too)."""
+        return self._call("GET", f"/api/agent/assignments/{job}/")
+
+    def request_inference(self, *, job: int, samples: int) -> dict[str, Any]:
+        """Ask for predictions on ``samples`` images through ``job``'s final model: the
+        request's id, round, position, serving batch and stream topic."""
+        body = {"samples": samples}
+        return self._call("POST", f"/api/agent/assignments/{job}/inference/", json=body)
+
     def record_handoff(
         self, *, job: int, turn: int, recipient: str, ciphertext_sha256: str, size_bytes: int
     ) -> dict[str, Any]:

@@ -11,3 +11,9 @@ class CeleryDispatcher:
         from workers.tasks import advance_job  # the web process loads Celery only here
 
         advance_job.delay(job_id)
+
+    def inference_requested(self, request_id: int) -> None:
+        """Sends the inference task to the inference queue at once."""
+        from workers.tasks import send_inference
+
+        send_inference(request_id)

@@ -9,6 +9,7 @@ import socket
 import uuid
 
 import redis
+from django.conf import settings
 
 from hospitals.errors import RelayProvisioningFailed
 from training.aggregation import (
@@ -18,13 +19,21 @@ from training.aggregation import (
     turns_overdue,
 )
 from training.evaluation import evaluation_dispatched, evaluations_to_run
+from training.inference import inference_dispatched, inferences_to_run
 from training.scheduling import (
     job_advance_group,
     jobs_to_advance,
     turn_dispatched,
     turns_without_runner,
 )
-from workers import aggregation_runner, evaluation_runner, group_runner, relay_watch, turn_runner
+from workers import (
+    aggregation_runner,
+    evaluation_runner,
+    group_runner,
+    inference_runner,
+    relay_watch,
+    turn_runner,
+)
 from workers.celery_app import app
 
 logger = logging.getLogger(__name__)
@@ -86,6 +95,19 @@ def run_turn(turn_id: int) -> str:
     return result.outcome
 
 
+@app.task(name="medsplit.infer")
+def infer(request_id: int) -> str:
+    """Serve one hospital's inference request with the job's final server segment."""
+    runner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return inference_runner.run(request_id, runner=runner)
+
+
+def send_inference(request_id: int) -> None:
+    """Send inference request ``request_id`` to the inference queue (the setting)."""
+    inference_dispatched(request_id=request_id)
+    infer.apply_async((request_id,), queue=settings.MEDSPLIT["INFERENCE_QUEUE"])
+
+
 @app.task(name="medsplit.sweep")
 def sweep() -> None:
     """Find work nobody is doing: scheduled jobs, lost follow-ups, turns whose worker died;
@@ -103,6 +125,8 @@ def sweep() -> None:
         _send_turn(turn_id)
     for part_id in evaluations_to_run():
         _send_evaluation(part_id)
+    for request_id in inferences_to_run():
+        send_inference(request_id)
     try:
         relay_watch.sweep_relay()
     except (redis.RedisError, RelayProvisioningFailed) as e:

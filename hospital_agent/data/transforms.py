@@ -8,12 +8,15 @@ unsplit reference draw the same transforms.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 import torch
 from monai.transforms import Compose, Resize, ScaleIntensity
 
 from hospital_agent.data.local import DEFAULT_VAL_FRACTION, DataSummary, LocalData, load_local
 from hospital_agent.data.problems import DataProblem
-from hospital_agent.data.sources import DataSource, check_job
+from hospital_agent.data.sources import DataSource, check_job, read_image
 from medsplit.data import DataSplit
 from medsplit.errors import DataError
 from medsplit.training.tasks import DEFAULT_TASK, SEGMENTATION, check_targets, get_task
@@ -140,3 +143,40 @@ def _apply(
         resized = [torch.as_tensor(masks(mask.to(torch.float32))) for mask in split.labels]
         labels = torch.stack(resized).round().to(torch.int64)
     return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=labels.contiguous())
+
+
+def load_for_prediction(
+    paths: Sequence[str | os.PathLike[str]], *, input_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """Images to predict on, read and fitted as a folder's training images are: MONAI's
+    reader per file, intensities scaled to [0, 1], resized to the job's ``input_shape``
+    and scaled again (``read_image``, ``ScaleIntensity``, then :func:`prepare`'s
+    transforms), stacked ``(N, *input_shape)``.
+
+    Raises:
+        DataProblem: a file cannot be read, or its channels or dimensions are not the
+            job's (a file that cannot be resized to fit); the message names the file.
+    """
+    check_job(input_shape, 2)
+    if not paths:
+        raise DataProblem.one(None, "no images to predict on")
+    spatial = tuple(input_shape[1:])
+    scale = ScaleIntensity(minv=0.0, maxv=1.0)
+    fit = Compose(
+        [
+            Resize(spatial, mode="bilinear" if len(spatial) == 2 else "trilinear"),
+            ScaleIntensity(minv=0.0, maxv=1.0),
+        ]
+    )
+    images = []
+    for path in paths:
+        image = read_image(path)
+        if image.dim() != len(input_shape) or image.shape[0] != input_shape[0]:
+            raise DataProblem.one(
+                os.fspath(path),
+                f"has shape {list(image.shape)} (channels first); the job takes "
+                f"{list(input_shape)}: other channels or dimensions cannot be resized to fit",
+            )
+        scaled = torch.as_tensor(scale(image)).to(torch.float32)
+        images.append(torch.as_tensor(fit(scaled)).to(torch.float32))
+    return torch.stack(images).contiguous()

@@ -296,6 +296,17 @@ MEDSPLIT = {
         else None
     ),
     "WORKER_METRICS_ADDRESS": os.environ.get("MEDSPLIT_WORKER_METRICS_ADDRESS", "0.0.0.0"),
+    # Split inference (training/inference.py, workers/inference_runner.py): the largest
+    # batch of images one inference frame may carry (checked as training frames are),
+    # the most images one request may hold, how many jobs' final server segments a
+    # worker keeps loaded, and the Celery queue the requests go to (give it workers of
+    # its own, -Q inference, so that predictions never wait behind a turn; unset: the
+    # default queue).
+    "INFERENCE_BATCH_SIZE": _int_setting("MEDSPLIT_INFERENCE_BATCH_SIZE", 32, least=1),
+    "INFERENCE_MAX_SAMPLES": _int_setting("MEDSPLIT_INFERENCE_MAX_SAMPLES", 10000, least=1),
+    "INFERENCE_CACHE_SIZE": _int_setting("MEDSPLIT_INFERENCE_CACHE_SIZE", 4, least=1),
+    "INFERENCE_QUEUE": os.environ.get("MEDSPLIT_CELERY_INFERENCE_QUEUE")
+    or os.environ.get("MEDSPLIT_CELERY_QUEUE", "celery"),
     # Split-learning modes beyond the built-in ones, "package.module:ClassName" separated
     # by commas (medsplit.modes), loaded when the training app starts, in the coordinator
     # and in every worker: a job in a mode not named here is refused.

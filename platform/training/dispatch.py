@@ -54,3 +54,20 @@ def job_changed_on_commit(job_id: int) -> None:
             logger.exception("could not notify the workers about job %s", job_id)
 
     transaction.on_commit(notify)
+
+
+def inference_requested_on_commit(request_id: int) -> None:
+    """Tell the dispatcher, once the transaction commits, that inference request
+    ``request_id`` waits (a dispatcher without ``inference_requested`` leaves it to the
+    sweep, as a failing one does)."""
+
+    def notify() -> None:
+        try:
+            dispatcher = get_dispatcher()
+            send = getattr(dispatcher, "inference_requested", None)
+            if send is not None:
+                send(request_id)
+        except Exception:  # the sweep will send it; a request must not fail here
+            logger.exception("could not send inference request %s to the workers", request_id)
+
+    transaction.on_commit(notify)

@@ -522,3 +522,39 @@ class PrivacyFigures(models.Model):
 
     def __str__(self) -> str:
         return f"privacy figures of job {self.job_id} round {self.round_index}"
+
+
+class InferenceRequest(models.Model):
+    """One hospital's request for predictions of a completed job's final model through
+    the split (``training/inference.py``): its images' activations go up the job's
+    ``infer`` stream pair, a worker's server segment answers them. Counts and sizes only:
+    no image, activation or prediction is kept here."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"  # accepted, not yet taken by a worker
+        RUNNING = "running"  # a worker serves it
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="inference_requests")
+    hospital = models.ForeignKey("hospitals.Hospital", on_delete=models.PROTECT, related_name="+")
+    position = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    # What the hospital said it would send: images, in batches of at most serving_batch.
+    samples = models.PositiveIntegerField()
+    serving_batch = models.PositiveIntegerField()
+    batches_served = models.PositiveIntegerField(default=0)
+    bytes_up = models.PositiveBigIntegerField(default=0)
+    bytes_down = models.PositiveBigIntegerField(default=0)
+    failure_reason = models.TextField(blank=True)
+    runner = models.CharField(max_length=200, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["pk"]
+        indexes = [models.Index(fields=["status"], name="inference_request_status")]
+
+    def __str__(self) -> str:
+        return f"inference {self.pk} of job {self.job_id} at {self.hospital_id} ({self.status})"

@@ -87,6 +87,11 @@ urlpatterns = [
         name="agent-evaluation-problems",
     ),
     path(
+        "agent/assignments/<int:job_id>/inference/",
+        views.AgentInferenceView.as_view(),
+        name="agent-inference",
+    ),
+    path(
         "agent/assignments/<int:job_id>/privacy/",
         views.AgentPrivacyView.as_view(),
         name="agent-privacy",

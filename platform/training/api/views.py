@@ -23,6 +23,7 @@ from kernel.api.strict import StrictCharField, StrictIntegerField, StrictSeriali
 from kernel.api.throttling import ScopedThrottle
 from kernel.errors import InvalidInput
 from kernel.permissions import require_agent
+from medsplit.turns.inference import INFERENCE_TOPIC, inference_round
 from training import agent_services, selectors, services
 from training.aggregation import aggregation_submit
 from training.alignment import alignment_get, alignment_report, alignment_state
@@ -50,6 +51,7 @@ from training.api.serializers import (
     TurnSerializer,
 )
 from training.evaluation import agent_evaluation_problem, evaluation_request
+from training.inference import inference_request
 from training.leakage import leakage_report
 from training.models import Job, MetricPoint, Turn
 from training.privacy import privacy_report
@@ -741,6 +743,43 @@ class AgentEvaluationProblemView(APIView):
             no_test_set=data["no_test_set"],
         )
         return Response({"evaluation": part.pk, "status": part.status})
+
+
+class InferenceInputSerializer(StrictSerializer):
+    samples = StrictIntegerField(min_value=1, help_text="the images the agent will send")
+
+
+@extend_schema(tags=["agent"])
+class AgentInferenceView(APIView):
+    @extend_schema(
+        summary="Predictions of a completed job's final model on the agent's own images, "
+        "through the split: the request's round, the serving batch and the stream topic "
+        "its activations go up on",
+        request=InferenceInputSerializer,
+        responses={
+            202: OpenApiTypes.OBJECT,
+            400: error("no images, or more than the deployment allows in one request"),
+            404: error("no such job with this hospital among its participants"),
+            409: error("the job has not completed, is vertical, or a request is still open"),
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "ask for predictions")
+        data = _valid(InferenceInputSerializer, request)
+        asked = inference_request(actor=actor, job_id=job_id, samples=data["samples"])
+        return Response(
+            {
+                "request": asked.pk,
+                "round": inference_round(asked.pk),
+                "position": asked.position,
+                "samples": asked.samples,
+                "serving_batch": asked.serving_batch,
+                "topic": INFERENCE_TOPIC,
+                "status": asked.status,
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )
 
 
 @extend_schema(tags=["agent"])
