@@ -12,8 +12,11 @@ printed beside the baseline, staying up after the job, and Ctrl-C then (exit 0).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +40,8 @@ def _demo_module():
     return module
 
 
-def _demo_exits(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _demo_process_exits(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``scripts/demo.py`` run as a process, to its exit."""
     return subprocess.run(
         [sys.executable, "scripts/demo.py", "--exit-when-done", *args],
         cwd=REPO,
@@ -45,6 +49,27 @@ def _demo_exits(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
         text=True,
         timeout=timeout,
     )
+
+
+def _demo_exits(*args: str) -> subprocess.CompletedProcess[str]:
+    """The demo's ``main`` called here, for the arguments it refuses before starting
+    anything: what a process would give (exit code, stdout, stderr) without a new
+    interpreter importing everything for each refusal. The entry point itself
+    (``sys.exit(main())``) is run as a process by the taken-port test."""
+    demo = _demo_module()
+    argv = ["--exit-when-done", *args]
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = demo.main(argv)
+            except SystemExit as e:  # argparse's refusals
+                code = e.code
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 # -- bad --data: medsplit simulate's checks and messages, exit 2 --------------------------
@@ -163,7 +188,7 @@ def test_a_taken_port_is_a_one_line_error(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        done = _demo_exits("--port", str(port), "--work-dir", str(tmp_path / "w"))
+        done = _demo_process_exits("--port", str(port), "--work-dir", str(tmp_path / "w"))
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"medsplit demo: error: port {port} is taken: give another with --port"
