@@ -165,7 +165,15 @@ def test_a_signed_out_visit_logs_no_favicon_404_and_no_401(browser, demo: DemoRu
 def test_the_job_ends_with_its_results_beside_the_baseline(finished: DemoRun) -> None:
     demo = finished
     assert "medsplit demo | completed" in demo.lines
-    demo.found(r"test accuracy [0-9.]+ \(majority-class baseline [0-9.]+\), AUC")
+    done = demo.found(
+        r"done in \d+ s: test accuracy [0-9.]+ \(majority-class baseline [0-9.]+\), "
+        r"AUC [0-9.]+ \(chance 0.5\): the mean of the hospitals' figures weighted by their "
+        r"test-set sizes \(not pooled\), over 3 hospitals"
+    )
+    # Then where the dashboard stays up, with the password to sign in again.
+    after = demo.wait_for("the dashboard stays up:", timeout=5)
+    assert demo.output.index(after) > done.end()
+    assert f"{demo.base_url}/#/jobs/{_job_id(demo)}" in after and "password" in after
     assert demo.process.poll() is None, "still running after the job"
 
 

@@ -1,6 +1,7 @@
 """End to end with real processes: the coordinator (a live server), the real Redis with a
 user per hospital, a Celery worker and beat, and three agent processes, each with its own
-third of BreastMNIST's training split; two rounds, vanilla and U-shaped.
+third of BreastMNIST's training split: two U-shaped rounds, and one vanilla round with an
+agent killed mid-turn.
 
 The job completes; the final front (and head) and server weights equal unsplit training
 over the same batch sequence (`torch.equal`); every agent holds the final weights; no
@@ -41,7 +42,13 @@ from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
+from tests.workers.processes import (
+    Processes,
+    processes,
+    wait_evaluated,
+    wait_until,
+    workers_relay_user,
+)
 from training import services
 from training.models import Job, Turn
 from training.runs import checkpoint_dir
@@ -192,6 +199,10 @@ def finals_of(tmp_path: Path, job: Job) -> list[Path]:
 
 
 def wait_for_the_end(processes: Processes, job: Job, finals: list[Path]) -> None:
+    """Until the job completed, every agent keeps its final weights and the evaluation the
+    job's completion started has ended: then the processes can be stopped, before the
+    workers' Redis user is removed (a worker without it retries until it is killed, the
+    teardown's whole grace period)."""
     wait_until("the job to complete", lambda: _state(job) == JobState.COMPLETED, 300, processes)
     wait_until(
         "every agent to keep the final weights",
@@ -199,6 +210,7 @@ def wait_for_the_end(processes: Processes, job: Job, finals: list[Path]) -> None
         60,
         processes,
     )
+    wait_evaluated(processes, job)
 
 
 def prepared_trains(job: Job, files: list[Path]):
@@ -249,6 +261,7 @@ def test_three_agents_train_two_rounds_exactly_and_keep_their_data_home(
         job = job_for(admin_actor, hospitals, seed, mode)
         finals = finals_of(tmp_path, job)
         wait_for_the_end(processes, job, finals)
+        processes.stop_all()  # while the workers' Redis user exists (wait_for_the_end)
 
     turns = Turn.objects.filter(job=job)
     assert turns.count() == 6 and set(turns.values_list("status", flat=True)) == {"completed"}
@@ -286,12 +299,15 @@ def test_an_agent_killed_mid_turn_comes_back_and_the_job_stays_exact(
         processes.celery_beat()
         # Smaller batches and two local epochs: turns long enough to be cut in the middle.
         # Augmented: the resumed turn must draw each step's transforms as the unsplit
-        # reference does (seeded per step, medsplit.training.augment).
+        # reference does (seeded per step, medsplit.training.augment). One round: the
+        # resumed turn is handed on to the third hospital's; a second round adds nothing
+        # to a resume (the test above trains two).
         job = job_for(
             admin_actor,
             hospitals,
             seed,
             "vanilla",
+            rounds=1,
             batch_size=16,
             local_epochs=2,
             augmentation=[{"name": "flip"}, {"name": "rotate", "degrees": 15}],
@@ -318,6 +334,7 @@ def test_an_agent_killed_mid_turn_comes_back_and_the_job_stays_exact(
         )
         finals = finals_of(tmp_path, job)
         wait_for_the_end(processes, job, finals)
+        processes.stop_all()  # while the workers' Redis user exists (wait_for_the_end)
     busy.refresh_from_db()
     assert busy.status == "completed" and busy.attempt == 1, "the turn was not failed or redone"
     # Both the restart and the resumed turn are on the record (issue 15).

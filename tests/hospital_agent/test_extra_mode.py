@@ -78,7 +78,7 @@ def test_a_mode_from_the_configuration_runs_a_parallel_job_end_to_end(
     from medsplit.turns.server import SERVER_PARTY
     from medsplit.turns.stores import read_verified
     from tests.workers.agents import Agents, small_job, wait_completed
-    from tests.workers.processes import workers_relay_user
+    from tests.workers.processes import wait_evaluated, workers_relay_user
     from training.models import ServerCheckpoint, Turn
     from training.runs import checkpoint_dir
     from workers.turn_runner import job_model
@@ -106,6 +106,9 @@ def test_a_mode_from_the_configuration_runs_a_parallel_job_end_to_end(
             processes.celery_beat()
             job = small_job(admin_actor, agents.hospitals, mode=NAME, rounds=2)
             wait_completed(processes, job, agents, 300)
+            wait_evaluated(processes, job)
+            # Stopped while their Redis user exists: a worker without it retries until killed.
+            processes.stop_all()
 
         turns = Turn.objects.filter(job=job).select_related("round")
         assert sorted((t.round.index, t.group, t.position, t.status) for t in turns) == [
@@ -187,7 +190,6 @@ def test_a_mode_from_the_configuration_runs_a_parallel_job_end_to_end(
                 assert torch.equal(result_h[name], value), f"hospital {h}'s result: {name}"
     finally:
         # The agents poll the live server until stopped: stop them while it knows the mode.
-        for name in list(processes.started):
-            processes.stop(name)
+        processes.stop_all()  # together: the slowest shutdown, not their sum
         MODES.clear()
         MODES.update(saved)

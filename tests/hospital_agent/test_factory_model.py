@@ -57,7 +57,7 @@ def test_a_factory_model_from_a_listed_module_trains_exactly_end_to_end(
 
     from tests.model_modules import listed
     from tests.workers.agents import Agents, assert_exact, small_job, wait_completed
-    from tests.workers.processes import workers_relay_user
+    from tests.workers.processes import wait_evaluated, workers_relay_user
     from training.apps import MODEL_MODULES_SETTING
     from training.models import Turn
 
@@ -87,6 +87,9 @@ def test_a_factory_model_from_a_listed_module_trains_exactly_end_to_end(
                     cuts=["pool"],
                 )
                 wait_completed(processes, job, agents, 300)
+                wait_evaluated(processes, job)
+                # Stopped while their Redis user exists: a worker without it retries until killed.
+                processes.stop_all()
             assert job.job_description().model_args == {"channels": 3, "num_classes": 2}
             assert set(Turn.objects.filter(job=job).values_list("status", flat=True)) == {
                 "completed"
@@ -94,5 +97,4 @@ def test_a_factory_model_from_a_listed_module_trains_exactly_end_to_end(
             assert_exact(job, agents)
         finally:
             # The agents poll the live server until stopped.
-            for name in list(processes.started):
-                processes.stop(name)
+            processes.stop_all()  # together: the slowest shutdown, not their sum

@@ -33,9 +33,11 @@ def shares(
     return [DataSplit(data.images[i::parts], data.labels[i::parts]) for i in range(parts)]
 
 
-def assert_exact(model: nn.Module, splits: list[DataSplit], config: TrainingConfig) -> None:
+def assert_exact(
+    model: nn.Module, splits: list[DataSplit], config: TrainingConfig, *, min_steps: int = 20
+) -> None:
     report = verify_split(model, splits, config)
-    assert report.steps >= 20
+    assert report.steps >= min_steps
     assert report.exact, f"{report.first_difference} differs by {report.max_abs_difference}"
     assert report.compared == len(model.state_dict())
 
@@ -91,10 +93,12 @@ def test_densenet121_cut_after_first_dense_block_is_exact() -> None:
         client_optimizer=SGD,
         server_optimizer=ADAM,
         batch_size=4,
-        max_steps_per_turn=20,
+        max_steps_per_turn=5,
     )
-    # Batch norm running statistics are buffers: they are compared too.
-    assert_exact(model, shares(80, 1, shape=(1, 32, 32)), config)
+    # Batch norm running statistics are buffers: they are compared too. Five steps (a
+    # DenseNet121 step is slow on a CPU) are enough for momentum and Adam's moments to
+    # carry state across steps; the optimizers' longer schedules are the MLP tests'.
+    assert_exact(model, shares(20, 1, shape=(1, 32, 32)), config, min_steps=5)
 
 
 def test_skip_connections_crossing_the_cut_are_exact() -> None:
@@ -219,6 +223,6 @@ def test_densenet121_at_its_default_ushaped_cuts_is_exact() -> None:
         client_optimizer=SGD,
         server_optimizer=SGD,
         batch_size=2,
-        max_steps_per_turn=20,
+        max_steps_per_turn=5,
     )
-    assert_exact(model, shares(40, 1, shape=(1, 32, 32)), config)
+    assert_exact(model, shares(10, 1, shape=(1, 32, 32)), config, min_steps=5)

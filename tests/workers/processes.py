@@ -30,7 +30,7 @@ from django.db import connection
 from django.test import override_settings
 
 from tests.redis_server import forget_jobs
-from training.models import Job
+from training.models import Evaluation, Job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -318,3 +318,17 @@ def wait_until(what: str, predicate, timeout: float, processes: Processes | None
         time.sleep(0.1)
     logs = processes.logs() if processes else ""
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
+
+
+def wait_evaluated(processes: Processes, job: Job, timeout: float = 60) -> None:
+    """Until the evaluation a completed job started has ended: the workers are idle then,
+    to be stopped (``stop_all``) while their Redis user exists. A worker stopped without
+    it retries its connection until killed, the teardown's whole grace period."""
+    wait_until(
+        "the job's evaluation to end",
+        lambda: (
+            Evaluation.objects.filter(job=job).exclude(status=Evaluation.Status.RUNNING).exists()
+        ),
+        timeout,
+        processes,
+    )
