@@ -1,7 +1,7 @@
 """Fixtures and test order of the whole suite.
 
-The suite runs on two processes (pytest-xdist, ``addopts`` in pyproject.toml), a file at
-a time on one of them: the files with the most slow tests go first, since most of their
+The suite runs in one process (what CI runs); given ``-n 2`` (pytest-xdist), a file at
+a time on one of two: the files with the most slow tests go first, since most of their
 time is spent waiting on real processes, and the many quick files fill in beside and
 after them, so that neither process is left with a long file at the end.
 
@@ -41,6 +41,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return -slow[path], first_seen[path]
 
     items.sort(key=place)  # stable: a file's tests keep their order
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_as_found() -> Iterator[None]:
+    """A test that changes this process's torch thread count (a benchmark's ``main()``
+    run in process sets it) gives it back. The exactness tests compare weights trained by
+    agent and worker processes, which start with the machine's default, with a reference
+    trained here, and a convolution's gradients are summed in another order on another
+    thread count: one thread against two changes ``conv1.conv.weight`` of small_cnn
+    (``tests/workers/test_torch_threads.py``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
