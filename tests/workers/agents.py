@@ -489,8 +489,16 @@ def assert_exact(
         for name, value in want.items():
             assert torch.equal(got[name], value), (
                 f"agent {i}: {name} differs from unsplit training ({differences(got, want)}; "
-                f"seed {config.seed})"
+                f"seed {config.seed}; {restarts(job)})"
             )
+
+
+def restarts(job: Job) -> str:
+    """Each turn's runs and resumptions, as the audit log tells them: where to look first
+    when a job's weights are not unsplit training's."""
+    events = audit(job, "turn.resumed", "turn.run_interrupted")
+    told = [f"{e.action} {e.target} {e.details}" for e in events]
+    return "turns resumed or interrupted: " + ("; ".join(told) if told else "none")
 
 
 def assert_every_handoff_recorded(job: Job) -> None:
