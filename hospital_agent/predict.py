@@ -34,7 +34,12 @@ from hospital_agent.data.transforms import load_for_job, load_for_prediction
 from hospital_agent.identity import load_credentials, write_private
 from hospital_agent.relay import Relay
 from hospital_agent.service import use_deterministic_kernels
-from hospital_agent.turns import EXTRA_MODES_SETTING, MODEL_MODULES_SETTING, Assignment
+from hospital_agent.turns import (
+    EXTRA_MODES_SETTING,
+    MODEL_MODULES_SETTING,
+    Assignment,
+    job_folder,
+)
 from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import require_model_module, set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths, require_mode
@@ -100,7 +105,7 @@ def predict(config: AgentConfig, request: PredictRequest) -> Predictions:
     segmentation = get_task(job_config.task).name == SEGMENTATION
     if segmentation and len(model.input_shape) != 3:
         raise PredictProblem("masks are written for 2-D segmentation jobs only")
-    final = config.work_dir / "jobs" / f"job-{request.job}" / "final.safetensors"
+    final = job_folder(config.work_dir, request.job) / "final.safetensors"
     if not final.exists():
         raise PredictProblem(
             f"no final weights of job {request.job} in {final.parent}: this agent keeps "

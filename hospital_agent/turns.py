@@ -175,6 +175,11 @@ def report_refusal(
         logger.warning("job %s: the refusal could not be reported: %s", job, e)
 
 
+def job_folder(work_dir: Path, job: int) -> Path:
+    """Where an agent keeps job ``job``'s states, snapshots and final weights."""
+    return work_dir / "jobs" / f"job-{job}"
+
+
 class TurnTaker:
     """Takes this hospital's turns (see the module docstring)."""
 
@@ -216,7 +221,7 @@ class TurnTaker:
         )
 
     def jobs_dir(self, job: int) -> Path:
-        return self.config.work_dir / "jobs" / f"job-{job}"
+        return job_folder(self.config.work_dir, job)
 
     # -- a turn -----------------------------------------------------------------------
 

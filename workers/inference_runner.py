@@ -5,15 +5,15 @@ it ended as counts and sizes.
 
 The server segment is only read: it runs in eval mode without gradients and its state
 is never saved. A worker keeps the last ``MEDSPLIT["INFERENCE_CACHE_SIZE"]`` jobs'
-segments loaded, keyed by the job and the sha256 of its final server checkpoint, so a
-job's next request costs no model building and no checkpoint read.
+segments loaded (``functools.lru_cache``), keyed by the job and its final server
+checkpoint, so a job's next request costs no model building and no checkpoint read.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import threading
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -58,42 +58,41 @@ class Segment:
     label_shape: tuple[int, ...]
 
 
-class SegmentCache:
-    """The last ``size`` jobs' final server segments, by (job, checkpoint sha256): a job
-    whose final checkpoint changed (it cannot once completed, but a key says so) is
-    loaded again."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._held: OrderedDict[tuple[int, str], Segment] = OrderedDict()
-        self._lock = threading.Lock()
-        self.loads = 0
-
-    def get(self, job: Job) -> Segment:
-        row = Job.objects.select_related("server_checkpoint").get(pk=job.pk).server_checkpoint
-        key = (job.pk, row.sha256 if row is not None else FRESH)
-        with self._lock:
-            if key in self._held:
-                self._held.move_to_end(key)
-                return self._held[key]
-        segment = _load(job, None if row is None else (row.path, row.sha256))
-        with self._lock:
-            self._held[key] = segment
-            self._held.move_to_end(key)
-            while len(self._held) > self.size:
-                self._held.popitem(last=False)
-            self.loads += 1
-        return segment
+def segment_of(job: Job) -> Segment:
+    """``job``'s final server segment, loaded once per (job, final checkpoint) while it is
+    among this process's last ``MEDSPLIT["INFERENCE_CACHE_SIZE"]`` (a completed job's
+    final checkpoint cannot change, but the key would say so)."""
+    row = Job.objects.select_related("server_checkpoint").get(pk=job.pk).server_checkpoint
+    if row is None:  # a job that trained no step: its fresh segment
+        return _segments()(job.pk, "", FRESH)
+    return _segments()(job.pk, row.path, row.sha256)
 
 
-def _load(job: Job, checkpoint: tuple[str, str] | None) -> Segment:
+def segment_loads() -> int:
+    """How many segments this process has loaded (not found kept) since it started or
+    :func:`forget_segments`."""
+    return _segments().cache_info().misses
+
+
+def forget_segments() -> None:
+    """Drop every kept segment (and read the cache's size again at the next request)."""
+    _segments.cache_clear()
+
+
+@functools.cache
+def _segments() -> Callable[[int, str, str], Segment]:
+    # Sized by the setting when first used, not at import.
+    return functools.lru_cache(maxsize=settings.MEDSPLIT["INFERENCE_CACHE_SIZE"])(_load)
+
+
+def _load(job_id: int, path: str, sha256: str) -> Segment:
+    job = Job.objects.get(pk=job_id)
     require_mode(job.mode, setting=EXTRA_MODES_SETTING)
     config = job.training_config()
     description = job.job_description()
     split = cached_split(job_model(job), config.cuts)
     party = server_party(split, config)
-    if checkpoint is not None:  # else a job that trained no step: its fresh segment
-        path, sha256 = checkpoint
+    if sha256 != FRESH:
         import_parties(read_verified(checkpoint_dir() / path, sha256), {SERVER_PARTY: party})
     party.module.eval()
     return Segment(
@@ -105,17 +104,6 @@ def _load(job: Job, checkpoint: tuple[str, str] | None) -> Segment:
     )
 
 
-_cache: SegmentCache | None = None
-
-
-def segment_cache() -> SegmentCache:
-    """This worker process's cache (sized by the setting when first used)."""
-    global _cache
-    if _cache is None:
-        _cache = SegmentCache(settings.MEDSPLIT["INFERENCE_CACHE_SIZE"])
-    return _cache
-
-
 def run(request_id: int, *, runner: str) -> str:
     """Claim inference request ``request_id`` and serve it; returns how it ended."""
     request = inference_claim(request_id=request_id, runner=runner)
@@ -124,7 +112,7 @@ def run(request_id: int, *, runner: str) -> str:
     job = request.job
     channel: RedisChannel | None = None
     try:
-        segment = segment_cache().get(job)
+        segment = segment_of(job)
         config = segment.config
         bounds = limits_of_job(job)
         channel = RedisChannel(

@@ -57,12 +57,7 @@ def prepare(data: LocalData, *, input_shape: tuple[int, ...], num_classes: int) 
                 None, f"{part} holds labels outside the job's classes 0..{num_classes - 1}"
             )
     spatial = tuple(input_shape[1:])
-    transform = Compose(
-        [
-            Resize(spatial, mode="bilinear" if len(spatial) == 2 else "trilinear"),
-            ScaleIntensity(minv=0.0, maxv=1.0),
-        ]
-    )
+    transform = _fitting(spatial)
     masks = Resize(spatial, mode="nearest") if data.train.has_masks else None
     return LocalData(
         train=_apply(data.train, transform, empty_shape=tuple(input_shape), masks=masks),
@@ -122,6 +117,17 @@ def load_for_job(
     return prepared, found
 
 
+def _fitting(spatial: tuple[int, ...]) -> Compose:
+    """One image to the job's spatial shape, its intensities to [0, 1]: what the model
+    sees, in training and in prediction alike."""
+    return Compose(
+        [
+            Resize(spatial, mode="bilinear" if len(spatial) == 2 else "trilinear"),
+            ScaleIntensity(minv=0.0, maxv=1.0),
+        ]
+    )
+
+
 def _apply(
     split: DataSplit,
     transform: Compose,
@@ -160,14 +166,8 @@ def load_for_prediction(
     check_job(input_shape, 2)
     if not paths:
         raise DataProblem.one(None, "no images to predict on")
-    spatial = tuple(input_shape[1:])
     scale = ScaleIntensity(minv=0.0, maxv=1.0)
-    fit = Compose(
-        [
-            Resize(spatial, mode="bilinear" if len(spatial) == 2 else "trilinear"),
-            ScaleIntensity(minv=0.0, maxv=1.0),
-        ]
-    )
+    fit = _fitting(tuple(input_shape[1:]))
     images = []
     for path in paths:
         image = read_image(path)
@@ -179,4 +179,4 @@ def load_for_prediction(
             )
         scaled = torch.as_tensor(scale(image)).to(torch.float32)
         images.append(torch.as_tensor(fit(scaled)).to(torch.float32))
-    return torch.stack(images).contiguous()
+    return torch.stack(images).clamp_(0.0, 1.0).contiguous()  # as :func:`_apply` does

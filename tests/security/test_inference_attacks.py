@@ -46,9 +46,9 @@ def runtime(settings, tmp_path, redis_url: str) -> Iterator[str]:
         "TURN_SILENCE_SECONDS": 20.0,
         "INFERENCE_BATCH_SIZE": 8,
     }
-    inference_runner._cache = None
+    inference_runner.forget_segments()  # job ids start again in each test's database
     yield redis_url
-    inference_runner._cache = None
+    inference_runner.forget_segments()
     forget_jobs(redis_url, Job.objects.values_list("pk", flat=True))
 
 
@@ -153,7 +153,7 @@ def test_an_honest_request_gets_the_whole_models_predictions_and_the_segment_sta
         assert torch.equal(out[0].logits, want)
         request.refresh_from_db()
         assert request.status == "completed" and request.batches_served == 3
-    assert inference_runner.segment_cache().loads == 1, "kept loaded between requests"
+    assert inference_runner.segment_loads() == 1, "kept loaded between requests"
     served = AuditEvent.objects.filter(action="inference.served").first()
     assert set(served.details) == {"request", "samples", "batches", "bytes_up", "bytes_down"}
 
@@ -211,7 +211,7 @@ def test_a_hostile_frame_is_refused_named_and_nothing_is_applied(
     # Nothing applied: the worker's loaded segment is the job's final (here: fresh) one.
     config = job.training_config()
     fresh = server_party(job_model(job).split(config), config)
-    segment = inference_runner.segment_cache().get(job)
+    segment = inference_runner.segment_of(job)
     assert all(
         torch.equal(a, b)
         for a, b in zip(
