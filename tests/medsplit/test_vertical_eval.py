@@ -1,0 +1,40 @@
+"""A vertical job's evaluation through the split equals the unsplit joint model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medsplit.channel.memory import InMemoryChannel
+from medsplit.training.evaluate import classification_metrics, majority_baseline
+from tests.medsplit.vertical_eval_harness import (
+    run_evaluation,
+    snapshot,
+    aligned_test_records,
+    unsplit_logits,
+    vertical_setup,
+)
+
+
+@pytest.mark.parametrize("labels", ["hospital", "server"])
+def test_vertical_evaluation_equals_the_unsplit_model(labels: str) -> None:
+    model, parties, _ = vertical_setup(labels, join="concat" if labels == "server" else "sum")
+    features, y = aligned_test_records()
+    before = snapshot(parties)
+    run = run_evaluation(
+        InMemoryChannel(), model, parties, features, y, labels_at_server=labels == "server"
+    )
+    assert not run.errors, run.errors
+    assert run.served is not None and not run.served.refused, run.served.refused
+    want = unsplit_logits(model, parties, features)
+    expected = classification_metrics(want, y)
+    expected["val_baseline_accuracy"] = majority_baseline(y, y).accuracy
+    # Where the labels are, the logits are made: the label party's head, or the server.
+    got = run.outcomes["h1"].logits if labels == "hospital" else torch.cat(run.server._logits)
+    assert torch.equal(got, want)
+    assert run.outcomes["h2"].logits is None and not run.outcomes["h2"].metrics
+    for name in ("val_accuracy", "val_auc", "val_samples", "val_baseline_accuracy"):
+        assert run.served.figures[name] == expected[name], name
+    assert run.served.records == len(y)
+    after = snapshot(parties)
+    assert all(torch.equal(before[k], after[k]) for k in before), "an evaluation trained"
