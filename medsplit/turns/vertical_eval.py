@@ -62,9 +62,7 @@ RECORDS = "records"
 DIGEST_WORDS = tuple(f"alignment_{i}" for i in range(4))
 _SCALAR = TensorSpec((), torch.int64)
 #: The figures the label party's metrics frame may hold (the labels at home: all).
-_HOME_METRICS = frozenset(
-    {"val_loss", "val_accuracy", "val_auc", "val_samples", BASELINE_METRIC}
-)
+_HOME_METRICS = frozenset({"val_loss", "val_accuracy", "val_auc", "val_samples", BASELINE_METRIC})
 _SHARES = frozenset({"val_accuracy", "val_auc", BASELINE_METRIC})
 
 

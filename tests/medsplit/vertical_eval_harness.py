@@ -43,7 +43,9 @@ def vertical_setup(labels: str, join: str = "sum") -> tuple[VerticalModel, dict,
         cuts=cuts, mode="vertical", mode_options={"join": join, "labels": labels}, batch_size=16
     )
     model = build_vertical(
-        same_model_parts(build_model("small_cnn", seed=0), torch.zeros(2, 1, 28, 28), cuts, PARTIES),
+        same_model_parts(
+            build_model("small_cnn", seed=0), torch.zeros(2, 1, 28, 28), cuts, PARTIES
+        ),
         mode=config.split_mode,  # type: ignore[arg-type]
         label_party="h1",
         seed=0,
@@ -146,4 +148,3 @@ def unsplit_logits(model: VerticalModel, parties, features: Mapping[str, torch.T
         return torch.cat(
             [whole({p: f[i : i + 16] for p, f in features.items()}) for i in range(0, N, 16)]
         )
-
