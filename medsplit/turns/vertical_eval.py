@@ -78,7 +78,10 @@ def alignment_scalars(digest: str, records: int) -> dict[str, torch.Tensor]:
     if len(raw) != 32:
         raise ValueError(f"an alignment digest is 32 bytes, got {len(raw)}")
     words = [int.from_bytes(raw[i * 8 : (i + 1) * 8], "big", signed=True) for i in range(4)]
-    out = {name: torch.tensor(w, dtype=torch.int64) for name, w in zip(DIGEST_WORDS, words)}
+    out = {
+        name: torch.tensor(w, dtype=torch.int64)
+        for name, w in zip(DIGEST_WORDS, words, strict=True)
+    }
     out[RECORDS] = torch.tensor(records, dtype=torch.int64)
     return out
 

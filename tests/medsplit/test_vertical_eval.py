@@ -8,9 +8,9 @@ import torch
 from medsplit.channel.memory import InMemoryChannel
 from medsplit.training.evaluate import classification_metrics, majority_baseline
 from tests.medsplit.vertical_eval_harness import (
+    aligned_test_records,
     run_evaluation,
     snapshot,
-    aligned_test_records,
     unsplit_logits,
     vertical_setup,
 )

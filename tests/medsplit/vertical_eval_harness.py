@@ -116,7 +116,7 @@ def run_evaluation(
                 train_labels=labels if p == "h1" else None,
                 reply_timeout=timeout,
             )
-        except BaseException as e:  # noqa: BLE001 - reported to the test
+        except BaseException as e:
             run.errors[p] = e
 
     threads = [threading.Thread(target=side, args=(p,), daemon=True) for p in PARTIES]
