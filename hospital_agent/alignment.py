@@ -56,10 +56,14 @@ __all__ = [
     "ALIGNMENT_FILE",
     "ALIGNMENT_TOPIC",
     "PSI_TOPIC",
+    "TRAINING",
     "AlignedRecords",
     "AlignmentFailed",
+    "AlignmentStage",
+    "FrameAgreement",
     "align_records",
     "pack_reply",
+    "test_stage",
     "unpack_reply",
 ]
 
@@ -80,6 +84,40 @@ _STATE_EVERY_SECONDS = 1.0
 class AlignmentFailed(MedSplitError):
     """The parties could not align their records (the message says who and why); the
     job does not train."""
+
+
+@dataclass(frozen=True)
+class AlignmentStage:
+    """Which records an alignment is of: its relay topics, its file in the job's folder
+    and the PSI sessions' tag. Training's records (:data:`TRAINING`), or the test records
+    of one evaluation (:func:`test_stage`)."""
+
+    psi_topic: str = PSI_TOPIC
+    alignment_topic: str = ALIGNMENT_TOPIC
+    file: str = ALIGNMENT_FILE
+    session: str = "psi"
+
+
+TRAINING = AlignmentStage()
+
+
+def test_stage(round_: int) -> AlignmentStage:
+    """The test records' alignment of the evaluation whose frames carry ``round_``: its
+    own topics, file and sessions, so it never mixes with training's."""
+    return AlignmentStage("psi-test", "alignment-test", f"test-alignment-{round_}.bin",
+                          f"psi-test-{round_}")  # fmt: skip
+
+
+class FrameAgreement:
+    """The agreement of a test alignment: not at the coordinator (which keeps training's),
+    but at the worker, which refuses a test batch whose frames do not carry the same
+    intersection's size and digest from every party (:mod:`medsplit.turns.vertical_eval`)."""
+
+    def report_alignment(self, *, job: int, digest: str, size: int) -> dict[str, Any]:
+        return {"status": "agreed", "size": size}
+
+    def alignment(self, *, job: int) -> dict[str, Any]:
+        return {"status": "pending"}
 
 
 class AlignmentCoordinator(Protocol):
@@ -146,6 +184,7 @@ def align_records(
     folder: Path,
     timeout: float,
     stopping: threading.Event | None = None,
+    stage: AlignmentStage = TRAINING,
 ) -> AlignedRecords:
     """Align this party's ``records`` with the other participants' (see the module
     docstring), or reuse the alignment kept in ``folder``.
@@ -165,6 +204,7 @@ def align_records(
         folder: the job's work folder (the alignment is kept there).
         timeout: how long to wait for each stage (the others' messages, the agreement).
         stopping: set when the agent stops.
+        stage: training's records, or an evaluation's test records (:func:`test_stage`).
 
     Raises:
         IntersectionTooSmall: below ``minimum`` (the coordinator fails the job).
@@ -190,6 +230,7 @@ def align_records(
         folder=folder,
         timeout=timeout,
         stopping=stopping or threading.Event(),
+        stage=stage,
     )
     return side.run()
 
@@ -213,6 +254,7 @@ class _Side:
     folder: Path
     timeout: float
     stopping: threading.Event
+    stage: AlignmentStage = TRAINING
 
     def __post_init__(self) -> None:
         self.job_name = f"job-{self.job}"
@@ -224,7 +266,7 @@ class _Side:
             )
         self.label = names[0]
         self.by_name = {str(p["hospital"]): p for p in self.participants}
-        self.path = self.folder / ALIGNMENT_FILE
+        self.path = self.folder / self.stage.file
         self.mail = SealedMail(
             relay=self.relay,
             keys=self.keys,
@@ -301,7 +343,7 @@ class _Side:
             client = PsiClient(self.records.identifiers, session=self._session(name))
             clients[name] = client
             requests[name] = client.request()
-            self._send(name, PSI_TOPIC, "psi-request", requests[name])
+            self._send(name, self.stage.psi_topic, "psi-request", requests[name])
         pairwise: dict[str, tuple[str, ...]] = {}
 
         def take(name: str, data: bytes) -> bool:
@@ -314,7 +356,7 @@ class _Side:
                 raise PsiMessageError(f"the PSI reply of {name}: {e}") from e
             return True
 
-        self._collect(others, PSI_TOPIC, "psi-reply", take, what="PSI replies")
+        self._collect(others, self.stage.psi_topic, "psi-reply", take, what="PSI replies")
         shared = set(self.records.identifiers)
         for name in others:
             shared &= set(pairwise[name])
@@ -340,7 +382,7 @@ class _Side:
     def _hand_on(self, alignment: Alignment) -> None:
         for name in self.by_name:
             if name != self.label:
-                self._send(name, ALIGNMENT_TOPIC, "alignment", alignment.to_bytes())
+                self._send(name, self.stage.alignment_topic, "alignment", alignment.to_bytes())
 
     # -- another party ------------------------------------------------------------------
 
@@ -350,14 +392,14 @@ class _Side:
         deadline = time.monotonic() + self.timeout
         next_state = 0.0
         while True:
-            blob = self._mail(self.label, ALIGNMENT_TOPIC)
+            blob = self._mail(self.label, self.stage.alignment_topic)
             if blob is not None:
                 data = self._open(self.label, "alignment", blob)
                 try:
                     return Alignment.from_bytes(data, seed=self.seed, minimum=self.minimum)
                 except PsiMessageError as e:
                     raise PsiMessageError(f"the intersection {self.label} handed on: {e}") from e
-            request = self._mail(self.label, PSI_TOPIC)
+            request = self._mail(self.label, self.stage.psi_topic)
             if request is not None and hashlib.sha256(request).digest() != answered:
                 # A new request (the first, or the label party's after a restart).
                 if answers >= MAX_ANSWERS:
@@ -373,7 +415,7 @@ class _Side:
                     reply = server.answer(plain)
                 except PsiMessageError as e:
                     raise PsiMessageError(f"the PSI request of {self.label}: {e}") from e
-                self._send(self.label, PSI_TOPIC, "psi-reply", pack_reply(plain, reply))
+                self._send(self.label, self.stage.psi_topic, "psi-reply", pack_reply(plain, reply))
                 answered = hashlib.sha256(request).digest()
             if time.monotonic() >= next_state:
                 self._check_state(self.coordinator.alignment(job=self.job))
@@ -414,7 +456,7 @@ class _Side:
 
     def _session(self, other: str) -> str:
         """The PSI session of the label party and ``other``: from the schedule only."""
-        return f"{self.job_name}/psi/{self.label}/{other}"
+        return f"{self.job_name}/{self.stage.session}/{self.label}/{other}"
 
     def _send(self, recipient: str, topic: str, purpose: str, data: bytes) -> None:
         try:

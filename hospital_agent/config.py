@@ -237,11 +237,14 @@ KEYS: tuple[Key, ...] = (
     Key("data.test_samples", int, 0,
         "synthetic: how many test images (drawn with the seed data.seed + 1); 0: none",
         check=lambda n: n >= 0, must="be >= 0"),
+    Key("data.test_identifiers_csv", str, None,
+        "a vertical party's medmnist archive: the CSV of its test split's identifiers "
+        "(header id, one row per image); without it, no test set", metavar="PATH"),
 )  # fmt: skip
 #: The ``data.test_*`` keys, by their field in :class:`TestSettings`.
 TEST_KEYS = {"test": "enabled", "test_path": "path", "test_split": "split",
              "test_labels_csv": "labels_csv", "test_masks_csv": "masks_csv",
-             "test_samples": "samples"}  # fmt: skip
+             "test_samples": "samples", "test_identifiers_csv": "identifiers_csv"}  # fmt: skip
 _BY_NAME = {key.name: key for key in KEYS}
 _BY_DEST = {key.dest: key for key in KEYS}
 

@@ -25,7 +25,13 @@ from hospital_agent.coordinator import (
     TokenRefused,
 )
 from hospital_agent.data import DataProblem, DataSummary, check_data, load_vertical
-from hospital_agent.data.testset import NO_TEST_SET, check_test, local_test_source, with_test
+from hospital_agent.data.testset import (
+    NO_TEST_SET,
+    check_test,
+    local_test_source,
+    vertical_test_source,
+    with_test,
+)
 from hospital_agent.enrolment import enrol, move_to_identity_key
 from hospital_agent.identity import load_credentials, load_or_create_identity
 from hospital_agent.relay import HandoffMissing
@@ -197,7 +203,9 @@ class Agent:
         try:
             if source.kind == "table" or source.identifiers_csv:
                 # Records with identifiers, for vertical jobs: the parties split them together.
-                self.summary = load_vertical(source).summary().to_json()
+                self.summary = with_test(
+                    load_vertical(source).summary(), self._check_vertical_test()
+                ).to_json()
             else:
                 pool = check_data(
                     source, val_fraction=self.config.val_fraction, seed=self.config.split_seed
@@ -226,6 +234,20 @@ class Agent:
             return None
         try:
             return check_test(test)
+        except DataProblem as e:
+            raise DataProblem.one(None, f"the test set: {e}") from e
+
+    def _check_vertical_test(self) -> DataSummary | None:
+        """A vertical party's test records' summary (counts only); ``None``: none.
+
+        Raises:
+            DataProblem: they are configured but cannot be read (naming the test set).
+        """
+        test = vertical_test_source(self.config.data, self.config.test)
+        if test is None:
+            return None
+        try:
+            return load_vertical(test).summary()
         except DataProblem as e:
             raise DataProblem.one(None, f"the test set: {e}") from e
 

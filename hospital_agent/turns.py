@@ -56,6 +56,7 @@ from hospital_agent.relay import Relay
 from hospital_agent.sealed_mail import SealedMail
 from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
+from hospital_agent.vertical_eval import NoVerticalTestSet, evaluate_vertical
 from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
@@ -78,6 +79,7 @@ from medsplit.training.tasks import DEFAULT_TASK
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
 from medsplit.turns.evaluation import evaluation_client
+from medsplit.turns.vertical_eval import VerticalEvalFailed
 
 logger = logging.getLogger(__name__)
 
@@ -392,6 +394,8 @@ class TurnTaker:
         except (ConfigError, UnknownModelError) as e:
             self._evaluation_problem(assignment, part, str(e))
             return None
+        if assignment.config().split_mode.feature_sets:
+            return self.evaluate_vertical(assignment, part)
         model, config = assignment.model(), assignment.config()
         source = local_test_source(self.config.data, self.config.test)
         if source is None:
@@ -451,6 +455,30 @@ class TurnTaker:
         if outcome != ClientOutcome.INTERRUPTED:
             self._evaluated.add(part["id"])
         return outcome
+
+    def evaluate_vertical(
+        self, assignment: Assignment, part: dict[str, Any]
+    ) -> ClientOutcome | None:
+        """A vertical party's side of the evaluation: every party's test records aligned,
+        the joint step on a worker (:mod:`hospital_agent.vertical_eval`)."""
+        job = assignment.job
+        self.on_status("busy")
+        try:
+            evaluate_vertical(self, assignment, part)
+        except NoVerticalTestSet as e:
+            self._evaluation_problem(assignment, part, f"{NO_TEST_SET}: {e}", no_test_set=True)
+            return None
+        except (
+            DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
+            VerticalEvalFailed, FrameRejected,
+        ) as e:  # fmt: skip
+            logger.error("job %s: the vertical evaluation failed here: %s", job, e)
+            self._evaluation_problem(assignment, part, str(e))
+            return ClientOutcome.STOPPED
+        finally:
+            self.on_status("idle")
+        self._evaluated.add(part["id"])
+        return ClientOutcome.COMPLETED
 
     def test_for(self, source: DataSource, model: JobModel, *, task: str) -> DataSplit:
         """The local test set fitted to the job's input shape (read once per shape)."""

@@ -8,6 +8,7 @@ checkpoint in memory and its state is never saved (an evaluation trains nothing)
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -17,9 +18,12 @@ from django.conf import settings
 
 from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
+from medsplit.models import require_model_module
 from medsplit.modes import require_mode
-from medsplit.protocol.handoff import export_parties
+from medsplit.protocol.handoff import export_parties, import_parties
+from medsplit.protocol.party import Party
 from medsplit.training.setup import cached_split, server_party
+from medsplit.training.vertical_parts import job_vertical_model
 from medsplit.turns import Directive, TurnFailed, TurnIds, TurnProgress
 from medsplit.turns.evaluation import (
     evaluation_limits,
@@ -27,14 +31,18 @@ from medsplit.turns.evaluation import (
     evaluation_round,
     evaluation_server,
 )
+from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
+from medsplit.turns.vertical_eval import VerticalEvalServer, serve_vertical_evaluation
 from training.evaluation import (
     MAX_RUNS,
     evaluation_claim,
     evaluation_directive,
     evaluation_fail,
     evaluation_finish,
+    evaluation_finish_joint,
     evaluation_release,
+    joint_evaluation,
 )
 from training.models import HospitalEvaluation, Job
 from training.runs import checkpoint_dir
@@ -79,6 +87,8 @@ def run(part_id: int, *, runner: str) -> EvaluationRun:
         )
         return EvaluationRun("failed", part.job_id)
     job = part.job
+    if joint_evaluation(job):
+        return _run_joint(part, runner=runner, lease=lease)
     channel: RedisChannel | None = None
     try:
         require_mode(job.mode, setting=EXTRA_MODES_SETTING)
@@ -140,6 +150,130 @@ def run(part_id: int, *, runner: str) -> EvaluationRun:
         return EvaluationRun("failed", job.pk)
     finally:
         evaluation_release(part_id=part.pk, runner=runner)
+        if channel is not None:
+            channel.close()
+
+
+def _run_joint(part: HospitalEvaluation, *, runner: str, lease: float) -> EvaluationRun:
+    """A vertical job's evaluation: every party's part claimed by this runner and served
+    at once, each test batch joining every party's frame (``medsplit.turns.vertical_eval``)."""
+    options = settings.MEDSPLIT
+    job = part.job
+    claims = [part]
+    others = (
+        HospitalEvaluation.objects.filter(evaluation=part.evaluation)
+        .exclude(pk=part.pk)
+        .order_by("position")
+    )
+    try:
+        for other in others:
+            held = evaluation_claim(part_id=other.pk, runner=runner, lease_seconds=lease)
+            if held is None:  # another runner serves it (or it ended): leave it
+                return EvaluationRun("not claimed", job.pk)
+            claims.append(held)
+        claims.sort(key=lambda p: p.position)
+        return _serve_joint(job, claims, runner=runner, lease=lease, options=options)
+    finally:
+        for held in claims:
+            evaluation_release(part_id=held.pk, runner=runner)
+
+
+def _serve_joint(
+    job: Job, parts: list[HospitalEvaluation], *, runner: str, lease: float, options: dict
+) -> EvaluationRun:
+    def fail_all(reason: str) -> None:
+        for p in parts:
+            evaluation_fail(part=p, reason=reason)
+
+    if any(p.runs > MAX_RUNS for p in parts):
+        fail_all(f"the evaluation's server side was started more than {MAX_RUNS} times")
+        return EvaluationRun("failed", job.pk)
+    channel: RedisChannel | None = None
+    try:
+        require_mode(job.mode, setting=EXTRA_MODES_SETTING)
+        config = job.training_config()
+        description = job.job_description()
+        slugs = tuple(p.hospital.slug for p in parts)
+        fronts = description.party_fronts()
+        for front in fronts:
+            require_model_module(front.model.name)
+        model = job_vertical_model(job_model(job), config, slugs, fronts)
+        top = Party.create(copy.deepcopy(model.top), config.server_optimizer)
+        import_parties(
+            final_server_state(job, export_parties({SERVER_PARTY: top})), {SERVER_PARTY: top}
+        )
+        server = VerticalEvalServer(
+            top=top,
+            inputs=model.inputs,
+            top_input=model.top_input,
+            head_boundary=model.head_boundary,
+            label_party=model.label_party,
+            join=model.join,
+            batch_size=config.batch_size,
+            max_records={p.hospital.slug: p.test_samples for p in parts},
+            num_classes=description.num_classes,
+            task=description.task,
+        )
+        round_ = evaluation_round(job.rounds, parts[0].evaluation.attempt)
+        bounds = limits_of_job(job)
+        channel = RedisChannel(
+            options["WORKER_REDIS_URL"],
+            max_message_bytes=bounds.frame_bytes,
+            max_backlog_bytes=bounds.stream_bytes,
+        )
+        keys = relay_keys()
+        renewed = [time.monotonic()]
+
+        def interrupted() -> bool:
+            renew = time.monotonic() - renewed[0] >= lease / 3
+            answers = [
+                evaluation_directive(part_id=p.pk, runner=runner, lease_seconds=lease, renew=renew)
+                for p in parts
+            ]
+            if renew:
+                renewed[0] = time.monotonic()
+            return any(a != Directive.RUN for a in answers)
+
+        logger.info("joint evaluation of job %s: served by %s for %s", job.pk, runner, slugs)
+        served = serve_vertical_evaluation(
+            channel=channel,
+            streams={p.hospital.slug: keys.streams(config.job, p.hospital.slug) for p in parts},
+            ids={
+                p.hospital.slug: TurnIds(config.job, round_, p.position, config.mode, config.codec)
+                for p in parts
+            },
+            server=server,
+            silence_timeout=options["TURN_SILENCE_SECONDS"],
+            max_frame_bytes=bounds.frame_bytes,
+            interrupted=interrupted,
+        )
+        if served.figures is None:
+            ended = [
+                p for p in parts if HospitalEvaluation.objects.get(pk=p.pk).status != "running"
+            ]
+            why = served.refused
+            if why == "interrupted" and ended:
+                why = f"{ended[0].hospital.slug}'s part of the evaluation ended"
+            fail_all(f"the joint evaluation stopped: {why}")
+            return EvaluationRun("failed", job.pk)
+        label = parts[0]
+        evaluation_finish_joint(
+            parts=parts,
+            label_part=label,
+            metrics=evaluation_results(served.figures),
+            records=served.records,
+            bytes_up={p.pk: served.counters[p.hospital.slug].bytes_in for p in parts},
+            bytes_down={p.pk: served.counters[p.hospital.slug].bytes_out for p in parts},
+        )
+        return EvaluationRun("completed", job.pk)
+    except Exception as e:  # every failure ends somewhere
+        if classify(e) == FailureKind.INFRASTRUCTURE:
+            logger.warning("joint evaluation of job %s: infrastructure failure: %s", job.pk, e)
+            return EvaluationRun("retry", job.pk, retry=True)
+        logger.warning("joint evaluation of job %s failed: %s", job.pk, e)
+        fail_all(f"{type(e).__name__}: {e}")
+        return EvaluationRun("failed", job.pk)
+    finally:
         if channel is not None:
             channel.close()
 

@@ -51,6 +51,7 @@ class TestSettings:
         labels_csv: folder, classification: the test set's CSV of labels.
         masks_csv: folder, segmentation: the test set's CSV of image,mask pairs.
         samples: synthetic: how many test images (0: none).
+        identifiers_csv: a vertical party's medmnist archive: its test split's identifiers.
     """
 
     __test__ = False  # not a test class, whatever pytest makes of its name
@@ -61,6 +62,7 @@ class TestSettings:
     labels_csv: str | None = None
     masks_csv: str | None = None
     samples: int = 0
+    identifiers_csv: str | None = None
 
 
 def local_test_source(pool: DataSource, settings: TestSettings) -> DataSource | None:
@@ -101,6 +103,42 @@ def local_test_source(pool: DataSource, settings: TestSettings) -> DataSource | 
     if pool.segmentation:
         return dataclasses.replace(pool, path=folder, masks_csv=own_csv)
     return dataclasses.replace(pool, path=folder, labels_csv=own_csv)
+
+
+def vertical_test_source(pool: DataSource, settings: TestSettings) -> DataSource | None:
+    """A vertical party's test records, identifiers with each, as a source of its own
+    (``hospital_agent.data.load_vertical`` reads it); ``None``: no test set. A ``table``'s
+    is the CSV ``data.test_path`` (its columns the pool's); a ``folder``'s is
+    ``data.test_path`` (or the pool's folder) with ``data.test_labels_csv``; a
+    ``medmnist`` archive's is its test split (``data.test_split``, default ``test``; of
+    ``data.test_path`` when set) with ``data.test_identifiers_csv``.
+
+    Raises:
+        ConfigError: the test set would be the training pool itself.
+    """
+    if not settings.enabled:
+        return None
+    if pool.kind == "table":
+        if settings.path is None:
+            return None
+        if settings.path == os.fspath(pool.path or ""):
+            raise ConfigError("data.test_path is the training table itself (data.path)")
+        return dataclasses.replace(pool, path=settings.path)
+    if pool.kind == "medmnist":
+        if settings.identifiers_csv is None:
+            return None
+        archive = settings.path or pool.path
+        split = settings.split or DEFAULT_TEST_SPLIT
+        if archive == pool.path and split == pool.split:
+            raise ConfigError(f"data.test_split {split!r} is the training pool's own split")
+        return dataclasses.replace(
+            pool, path=archive, split=split, identifiers_csv=settings.identifiers_csv
+        )
+    if pool.kind == "folder" and settings.path is not None:
+        return dataclasses.replace(
+            pool, path=settings.path, labels_csv=settings.labels_csv or pool.labels_csv
+        )
+    return None
 
 
 def _archive_holds(path: str | os.PathLike[str] | None, split: str) -> bool:
@@ -162,5 +200,6 @@ __all__ = [
     "check_test",
     "load_test_for_job",
     "local_test_source",
+    "vertical_test_source",
     "with_test",
 ]

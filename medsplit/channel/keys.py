@@ -30,7 +30,8 @@ The workers keep a third family for themselves (no hospital reaches it)::
 :data:`MAIL_TOPICS`): training turns, secure-aggregation submissions and inference
 requests between a hospital and the workers; hand-offs, private-set-intersection
 messages (``psi``: a request one way, its reply the other), the intersection handed on
-(``alignment``), a vertical job's label-leakage scores (``leakage``), mask seeds and model
+(``alignment``; ``psi-test`` and ``alignment-test`` for the test records a vertical
+job's evaluation aligns), a vertical job's label-leakage scores (``leakage``), mask seeds and model
 exports between hospitals.
 
 Why the patterns cannot reach another hospital's keys:
@@ -71,7 +72,17 @@ SEQ = "seq"
 #: Stream pairs between a hospital and the workers, by what they carry.
 STREAM_TOPICS = ("train", "agg", "infer")
 #: Blobs from one hospital to another, by what they carry.
-MAIL_TOPICS = ("handoff", "handoff-odd", "psi", "alignment", "leakage", "mask-seed", "export")
+MAIL_TOPICS = (
+    "handoff",
+    "handoff-odd",
+    "psi",
+    "alignment",
+    "psi-test",
+    "alignment-test",
+    "leakage",
+    "mask-seed",
+    "export",
+)
 
 #: Every fixed word of the layout; none may be a hospital's slug.
 RESERVED_WORDS = frozenset(

@@ -47,18 +47,17 @@ MAX_RUNS = 3
 
 def evaluation_refusal(job: Job) -> str | None:
     """Why ``job``'s final model cannot be evaluated through the split, in words; ``None``
-    when it can."""
-    mode = job.training_config().split_mode
-    if mode.feature_sets:
-        return (
-            f"a {mode.name} job cannot be evaluated through the split: its parties hold "
-            "different features of the same patients, so a test batch would need every "
-            "party's features of the same test records (a test set aligned across the "
-            "parties, as training aligns its records by PSI), and the joint server step "
-            "(medsplit/turns/joint.py) has no validation leg: its turns validate nothing "
-            "either"
-        )
+    when it can (every mode the platform runs can be: a vertical job on its parties'
+    aligned test records, ``workers/evaluation_runner.py``)."""
+    del job  # kept in the signature: a mode that cannot be evaluated would say so here
     return None
+
+
+def joint_evaluation(job: Job) -> bool:
+    """Whether ``job``'s evaluation is one joint run over every party's aligned test
+    records (vertical: parties hold different features of the same patients) rather than
+    one per hospital."""
+    return bool(job.training_config().split_mode.feature_sets)
 
 
 def test_size(summary: Mapping[str, Any] | None) -> int:
@@ -103,9 +102,21 @@ def evaluation_start(*, job: Job, actor: Actor) -> Evaluation:
             created_at=now,
         )
         sizes: dict[str, int] = {}
-        for participant in locked.participants.select_related("hospital").order_by("position"):
+        participants = list(locked.participants.select_related("hospital").order_by("position"))
+        joint = joint_evaluation(locked)
+        # A joint evaluation needs every party's test records: one without leaves none.
+        lacking = [
+            p.hospital.slug for p in participants if not test_size(p.hospital.dataset_summary)
+        ]
+        reason = (
+            f"a vertical evaluation needs every party's test records; {', '.join(lacking)} "
+            "reported none"
+            if joint and lacking
+            else ""
+        )
+        for participant in participants:
             hospital = participant.hospital
-            size = test_size(hospital.dataset_summary)
+            size = 0 if reason else test_size(hospital.dataset_summary)
             sizes[hospital.slug] = size
             HospitalEvaluation.objects.create(
                 evaluation=evaluation,
@@ -120,6 +131,7 @@ def evaluation_start(*, job: Job, actor: Actor) -> Evaluation:
                 test_samples=size,
                 started_at=now if size else None,
                 finished_at=None if size else now,
+                failure_reason=reason,
             )
         audit_record(
             actor=actor,
@@ -258,6 +270,69 @@ def evaluation_finish(
         )
         _end_if_done(locked.evaluation)
     return locked
+
+
+def evaluation_finish_joint(
+    *,
+    parts: list[HospitalEvaluation],
+    label_part: HospitalEvaluation,
+    metrics: Mapping[str, float],
+    records: int,
+    bytes_up: Mapping[int, int],
+    bytes_down: Mapping[int, int],
+) -> None:
+    """Record a joint (vertical) evaluation: the figures, checked as
+    :func:`evaluation_finish` checks them, at the label party's part, over the ``records``
+    aligned test records (no more than any party reported); every other party's part
+    completes with the size alone (its front took part; the labels are not its own), so
+    the weighted means are the label party's figures.
+
+    Raises:
+        InvalidInput: figures that are not the task's or not possible, or more records
+            than a party reported.
+        Conflict: a part failed meanwhile.
+    """
+    task = label_part.job.job_description().task
+    smallest = min(p.test_samples for p in parts)
+    if not 1 <= records <= smallest:
+        raise InvalidInput(
+            f"{records} aligned test records; the parties reported at most {smallest}"
+        )
+    figures = _checked_figures(task, metrics, records)
+    with transaction.atomic():
+        locked = list(
+            HospitalEvaluation.objects.select_for_update()
+            .select_related("evaluation", "hospital")
+            .filter(pk__in=[p.pk for p in parts])
+            .order_by("position")
+        )
+        ended = [p for p in locked if p.status != HospitalEvaluation.Status.RUNNING]
+        if ended:
+            raise Conflict(f"the evaluation at {ended[0].hospital.slug} is {ended[0].status}")
+        now = timezone.now()
+        for part in locked:
+            part.status = HospitalEvaluation.Status.COMPLETED
+            part.metrics = figures if part.pk == label_part.pk else {}
+            part.test_samples = records
+            part.bytes_up, part.bytes_down = bytes_up.get(part.pk, 0), bytes_down.get(part.pk, 0)
+            part.finished_at = now
+            part.runner, part.lease_expires_at = "", None
+            part.save()
+            audit_record(
+                actor=Actor.system(),
+                action="evaluation.hospital_completed",
+                target=f"job:{part.job_id}",
+                hospital=part.hospital.slug,
+                job_id=part.job_id,
+                details={
+                    "attempt": part.evaluation.attempt,
+                    "test_samples": records,
+                    "bytes_up": part.bytes_up,
+                    "bytes_down": part.bytes_down,
+                    "joint": True,
+                },
+            )
+        _end_if_done(locked[0].evaluation)
 
 
 def evaluation_fail(

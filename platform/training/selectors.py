@@ -581,18 +581,21 @@ def _weighted_mean(parts: list, figures: tuple[str, ...], *, totals: bool) -> di
     done = [p for p in parts if p.status == "completed"]
     if not done:
         return None
-    mean: dict[str, Any] = {"label": WEIGHTED_MEAN_LABEL, "hospitals": len(done)}
+    # A vertical evaluation's passive parties complete without figures of their own:
+    # the joint figures are the label party's, counted once.
+    scored = [p for p in done if p.metrics] or done
+    mean: dict[str, Any] = {"label": WEIGHTED_MEAN_LABEL, "hospitals": len(scored)}
     if totals:
-        mean["test_samples"] = sum(p.test_samples for p in done)
+        mean["test_samples"] = sum(p.test_samples for p in scored)
     for name in figures:
         have = [p for p in done if isinstance(p.metrics.get(name), int | float)]
         weight = sum(p.test_samples for p in have)
         mean[name] = (
             sum(p.test_samples * p.metrics[name] for p in have) / weight if weight else None
         )
-        if totals and len(have) != len(done):
+        if totals and len(have) != len(scored):
             mean.setdefault("without", {})[name] = sorted(
-                p.hospital.slug for p in done if p not in have
+                p.hospital.slug for p in scored if p not in have
             )
     return mean
 

@@ -153,6 +153,10 @@ class DatasetSummarySerializer(StrictSerializer):
         if own not in attrs:
             raise serializers.ValidationError({own: ["a test set (split_sizes.test) gives it"]})
         counts = attrs[own].values()
+        # No counts at all: a vertical party without labels (its records' features only).
+        unlabelled = not segmentation and not counts and not attrs.get("label_counts")
+        if unlabelled:
+            return
         if (sum(counts) != size) if not segmentation else any(n > size for n in counts):
             raise serializers.ValidationError(
                 {own: [f"does not fit the test set's {size} samples (split_sizes.test)"]}
