@@ -792,6 +792,10 @@ class TurnTaker:
         """A job has ended: keep the final weights (completed), then delete its key."""
         if assignment.raw["state"] == "completed" and self.keep_final(assignment) is None:
             return  # not there yet: the key is still needed to open them
+        if assignment.raw["state"] == "completed" and assignment.config().split_mode.feature_sets:
+            # A vertical job hands no weights on, so its key opens only its parties' PSI
+            # mail; an evaluation (at the end, or asked later) aligns test records with it.
+            return
         if self.job_keys.forget(assignment.job):
             logger.info(
                 "job %s %s: its per-job key is deleted; no hand-off of it can be opened any more",

@@ -62,6 +62,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "data.test_labels_csv": ("test.csv", "other-test.csv"),
     "data.test_masks_csv": ("test-pairs.csv", "other-test-pairs.csv"),
     "data.test_samples": (8, 16),
+    "data.test_identifiers_csv": ("test-ids.csv", "other-test-ids.csv"),
 }
 # What every case starts from, in the file: just enough for a valid configuration that
 # each sample above can change alone.

@@ -11,7 +11,9 @@ then every round both parties' turns run at once and one worker task joins their
 The job's result (each party's own final weights and the job's top segment) equals, bit
 for bit (``torch.equal``), the unsplit multi-input model trained on the same aligned
 batches; no hospital handed its weights to another, and no identifier reached the
-coordinator or the audit log.
+coordinator or the audit log. Once it completed, the job is evaluated through the split
+on the parties' test records, aligned by PSI as the training records are: the label
+party's figures equal the unsplit model's on the same aligned test batches.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from medsplit.data import synthetic_split
 from medsplit.protocol.handoff import import_parties
 from medsplit.protocol.party import Party
 from medsplit.psi import Alignment, common_order
+from medsplit.training.evaluate import classification_metrics, majority_baseline
 from medsplit.training.verify import deterministic
 from medsplit.training.vertical_model import train_vertical_unsplit
 from medsplit.training.vertical_parts import (
@@ -41,8 +44,8 @@ from medsplit.training.vertical_parts import (
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
 from tests.workers.agents import Agents, audit, needs_tcp, small_job, wait_completed
-from tests.workers.processes import Processes, processes, workers_relay_user
-from training.models import HandOff, LabelLeakage, Turn
+from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
+from training.models import Evaluation, HandOff, HospitalEvaluation, LabelLeakage, Turn
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
@@ -55,6 +58,9 @@ N = 96
 MISSING = 10
 #: The lab's numeric columns.
 COLUMNS = 12
+#: Test patients; the imaging site lacks the first four.
+NT = 40
+MISSING_TEST = 4
 
 
 @pytest.fixture
@@ -71,27 +77,45 @@ def consortium(live_server, settings, redis_url: str) -> str:
     return live_server.url
 
 
-def _write_party(folder: Path, name: str, images: torch.Tensor, labels, ids) -> dict[str, str]:
-    """A MedMNIST-format archive of ``images`` and a CSV of their identifiers."""
-    folder.mkdir(parents=True, exist_ok=True)
-    archive = folder / f"{name}.npz"
-    pixels = (images[:, 0] * 255).round().to(torch.uint8).numpy()
-    np.savez(archive, train_images=pixels, train_labels=np.asarray(labels).reshape(-1, 1))
-    with open(folder / f"{name}-ids.csv", "w", newline="") as f:
+def _write_ids(path: Path, ids) -> None:
+    with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["id"])
         writer.writerows([i] for i in ids)
+
+
+def _write_party(
+    folder: Path, name: str, images: torch.Tensor, labels, ids, test: tuple
+) -> dict[str, str]:
+    """A MedMNIST-format archive of ``images`` (and the ``test`` split's) and CSVs of
+    their identifiers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / f"{name}.npz"
+    pixels = (images[:, 0] * 255).round().to(torch.uint8).numpy()
+    test_images, test_ids = test
+    np.savez(
+        archive,
+        train_images=pixels,
+        train_labels=np.asarray(labels).reshape(-1, 1),
+        test_images=(test_images[:, 0] * 255).round().to(torch.uint8).numpy(),
+        test_labels=np.zeros((len(test_ids), 1), dtype=np.int64),
+    )
+    _write_ids(folder / f"{name}-ids.csv", ids)
+    _write_ids(folder / f"{name}-test-ids.csv", test_ids)
     return {
         "MEDSPLIT_AGENT_DATA_KIND": "medmnist",
         "MEDSPLIT_AGENT_DATA_PATH": str(archive),
         "MEDSPLIT_AGENT_DATA_IDENTIFIERS_CSV": str(folder / f"{name}-ids.csv"),
+        "MEDSPLIT_AGENT_DATA_TEST_IDENTIFIERS_CSV": str(folder / f"{name}-test-ids.csv"),
     }
 
 
-def _write_table(folder: Path, features: torch.Tensor, labels, ids) -> dict[str, str]:
+def _write_table(
+    folder: Path, features: torch.Tensor, labels, ids, name: str = "lab"
+) -> dict[str, str]:
     """A CSV of identifier, numeric columns and label: the lab's records."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "lab.csv"
+    path = folder / f"{name}.csv"
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["id", *(f"value{c}" for c in range(COLUMNS)), "diagnosis"])
@@ -113,6 +137,11 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     ids = [f"patient-{i:04d}" for i in range(N)]
     order = list(range(MISSING, N))
     random.Random(1).shuffle(order)
+    test = synthetic_split(NT, shape=(1, 28, 28), seed=6)
+    test_values = torch.randn(NT, COLUMNS, generator=generator) + test.labels[:, None].float()
+    test_ids = [f"patient-t{i:04d}" for i in range(NT)]
+    test_order = list(range(MISSING_TEST, NT))
+    random.Random(2).shuffle(test_order)
     own = {
         0: _write_table(tmp_path / "data", values, data.labels.tolist(), ids),
         1: _write_party(
@@ -121,8 +150,13 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
             data.images[order],
             np.zeros(len(order), dtype=np.int64),
             [ids[i] for i in order],
+            (test.images[test_order], [test_ids[i] for i in test_order]),
         ),
     }
+    lab_test = _write_table(
+        tmp_path / "data", test_values, test.labels.tolist(), test_ids, name="lab-test"
+    )
+    own[0]["MEDSPLIT_AGENT_DATA_TEST_PATH"] = lab_test["MEDSPLIT_AGENT_DATA_PATH"]
     agents = Agents(processes, consortium, tmp_path).enrol(admin_actor, 2, own=own)
     with workers_relay_user(redis_url, processes):
         processes.celery_worker("worker-a")
@@ -143,6 +177,12 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
         )
         assert job.job_description().input_shape == (COLUMNS,)
         wait_completed(processes, job, agents, 300)
+        wait_until(
+            "the joint evaluation to end",
+            lambda: Evaluation.objects.filter(job=job, attempt=1, status="completed").exists(),
+            120,
+            processes,
+        )
 
     turns = sorted(Turn.objects.filter(job=job), key=lambda t: (t.round_id, t.position))
     assert [t.status for t in turns] == ["completed"] * 4
@@ -152,7 +192,6 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     assert [e.details for e in agreed] == [{"size": N - MISSING}]
     job.refresh_from_db()
     assert job.alignment.status == "agreed" and job.alignment.size == N - MISSING
-    assert not any("patient-" in str(e.details) for e in audit(job)), "an identifier leaked"
     # The label-leakage audit: the passive party's scores, sealed for the label party,
     # scored against its labels each round; the coordinator holds the AUCs only.
     leakage = LabelLeakage.objects.filter(job=job).order_by("round_index")
@@ -221,3 +260,48 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     assert got.keys() == want.keys()
     for name, value in want.items():
         assert torch.equal(got[name], value), f"{name} differs from the unsplit model"
+
+    # The evaluation: the unsplit model's figures on the same aligned test batches.
+    parts = list(HospitalEvaluation.objects.filter(job=job).order_by("position"))
+    assert [p.status for p in parts] == ["completed"] * 2, [p.failure_reason for p in parts]
+    shared_test = set(test_ids[MISSING_TEST:])
+    test_alignment = Alignment(common_order(tuple(shared_test), seed=config.seed), config.seed)
+    test_sources = [
+        DataSource(
+            kind="table", path=lab_test["MEDSPLIT_AGENT_DATA_PATH"], label_column="diagnosis"
+        ),
+        DataSource(
+            kind="medmnist",
+            path=own[1]["MEDSPLIT_AGENT_DATA_PATH"],
+            split="test",
+            identifiers_csv=own[1]["MEDSPLIT_AGENT_DATA_TEST_IDENTIFIERS_CSV"],
+        ),
+    ]
+    inputs = {}
+    for i, slug in enumerate(participants):
+        records = load_vertical(test_sources[i], input_shape=sources[i][1], num_classes=2)
+        index = torch.tensor(test_alignment.positions(records.identifiers, source=slug))
+        inputs[slug] = records.features[index]
+        if i == 0:
+            test_labels = records.labels[index]
+    whole = copy.deepcopy(model)
+    whole.load_state_dict(want)
+    whole.eval()
+    size = len(test_alignment)
+    with torch.no_grad():
+        logits = torch.cat(
+            [
+                whole({p: x[i : i + config.batch_size] for p, x in inputs.items()})
+                for i in range(0, size, config.batch_size)
+            ]
+        )
+    expected = classification_metrics(logits, test_labels)
+    lab_labels = load_vertical(sources[0][0], num_classes=2).labels
+    assert parts[0].metrics == {
+        "accuracy": expected["val_accuracy"],
+        "auc": expected["val_auc"],
+        "baseline_accuracy": majority_baseline(lab_labels, test_labels).accuracy,
+        "samples": size,
+    }
+    assert parts[1].metrics == {} and [p.test_samples for p in parts] == [size, size]
+    assert not any("patient-" in str(e.details) for e in audit(job)), "an identifier leaked"
