@@ -932,7 +932,10 @@ export async function render(root, [id], session) {
     // without figures (no test set, failed, running) shows a dash.
     const figure = (h, draw) => {
       if (!shown(h)) return el("span", { class: "muted" }, "not shown to you");
-      return h.status === "completed" ? draw(h) : "–";
+      if (h.status !== "completed") return "–";
+      // A vertical job's passive party: its front took part, the figures are the label party's.
+      const scored = typeof (segmentation ? h.dice : h.accuracy) === "number";
+      return scored ? draw(h) : el("span", { class: "muted", title: "a vertical job's figures are the label party's" }, "joint");
     };
     const columns = [
       { label: "Hospital", value: (h) => h.name || hospitalName(h.hospital) },
