@@ -323,6 +323,10 @@ def bench(args: argparse.Namespace, procs: Processes, tag: str, slugs: list[str]
     import torch
     from django.conf import settings
 
+    from medsplit.runtime import keep_freed_memory
+
+    # The unsplit baseline runs here: on the allocator the agent and the worker run on.
+    allocator = keep_freed_memory()
     torch.set_num_threads(args.threads)
     deterministic = settings.MEDSPLIT["DETERMINISTIC"]
     if deterministic:  # as the worker then does (workers/celery_app.py)
@@ -384,6 +388,7 @@ def bench(args: argparse.Namespace, procs: Processes, tag: str, slugs: list[str]
         "threads": args.threads,
         "cpus": os.cpu_count(),
         "deterministic": deterministic,
+        "allocator": "freed memory kept" if allocator.applied else allocator.reason,
         "database": settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1],
         "batch_size": args.batch_size,
         "warmup_steps": args.warmup,
@@ -448,7 +453,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"`{r['command']}`: batch {r['batch_size']}, {r['warmup_steps']} warm-up then "
         f"{r['timed_steps']} timed steps per run (unsplit: 2 runs pooled, before and after "
         f"the platform's turn), {r['threads']} torch threads per process, "
-        f"deterministic={r['deterministic']}, {r['cpus']} CPUs, torch {r['torch']}.",
+        f"deterministic={r['deterministic']}, {r['cpus']} CPUs, torch {r['torch']}, "
+        f"allocator: {r.get('allocator', 'glibc defaults')}.",
     ]
     for m in measured:
         lo, hi = m["load_average"]

@@ -74,6 +74,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("--runs", "2", "--requests", "100", "--sizes", "1000", "20000"),
     ),
     Benchmark("bench_relay", 0.1, (), ("--repeats", "9")),
+    Benchmark(
+        "bench_step_breakdown", 3, ("--compare", "4", "--repeats", "41"), ("--repeats", "21")
+    ),
     Benchmark("bench_relay_abuse", 0.3, (), ("--frame-mib", "64")),
     Benchmark("bench_runtime", 2, (), ("--steps", "10", "--memory-steps", "300")),
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),

@@ -1,0 +1,5 @@
+"""Process-wide settings a party's process applies once at start."""
+
+from medsplit.runtime.allocator import AllocatorTuning, keep_freed_memory
+
+__all__ = ["AllocatorTuning", "keep_freed_memory"]
