@@ -17,7 +17,6 @@ from safetensors.torch import save
 from exports.models import SERVER_PART, ExportState, ModelExport
 from exports.services import export_key_name, export_server_part_store
 from exports.signing import export_signing_key
-
 from kernel.errors import Conflict
 from medsplit.protocol.keys import SignedRecipientKey, identity_public_from_b64
 from medsplit.protocol.sealing import SealContext, seal

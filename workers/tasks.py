@@ -10,8 +10,8 @@ import uuid
 
 import redis
 from django.conf import settings
-from exports.services import exports_to_seal
 
+from exports.services import exports_to_seal
 from hospitals.errors import RelayProvisioningFailed
 from training.aggregation import (
     aggregation_dispatched,

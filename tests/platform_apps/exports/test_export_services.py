@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from exports import services
-from exports.models import ExportState
 
 from audit.models import AuditEvent
+from exports import services
+from exports.models import ExportState
 from kernel.errors import Conflict, NotFound, PermissionDenied
 from tests.platform_apps.conftest import agent_actor, make_hospital
 
