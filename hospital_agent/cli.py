@@ -1,6 +1,7 @@
 """``medsplit-agent``: run the agent, check its configuration and data offline, show its
 status (identity and pinned fingerprints) offline, audit a cut's privacy on its own data,
-or predict on images through a completed job's final model."""
+predict on images through a completed job's final model, or answer and fetch a model
+export (by every participating hospital's consent)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hospital_agent import __version__
 from hospital_agent.config import AgentConfig, add_config_flags, config_flags, load_config
 from hospital_agent.coordinator import CoordinatorError
 from hospital_agent.data import DataProblem, check_data
+from hospital_agent.export_flow import approve_export, fetch_export, refuse_export
 from hospital_agent.predict import PredictRequest, check_request
 from hospital_agent.predict import predict as run_predict
 from hospital_agent.privacy_audit import AuditRequest, run_privacy_audit
@@ -38,14 +40,26 @@ def parser() -> argparse.ArgumentParser:
         "command",
         nargs="?",
         default="run",
-        choices=["run", "check", "status", "privacy-audit", "predict"],
+        choices=[
+            "run",
+            "check",
+            "status",
+            "privacy-audit",
+            "predict",
+            "approve-export",
+            "refuse-export",
+            "fetch-export",
+        ],
         help="run (default): take part in jobs; check: validate the configuration "
         "and the data without contacting anyone; status: this agent's hospital, identity "
         "fingerprint and the fingerprints it pinned for its peers, from its work directory; "
         "privacy-audit: how much a cut of --model leaks on this hospital's own data "
         "(offline; figures and a picture grid go to the work directory's privacy/); "
         "predict: a completed job's final model on the image PATHs, through the split "
-        "(a CSV of predictions; masks too for segmentation)",
+        "(a CSV of predictions; masks too for segmentation); approve-export / "
+        "refuse-export --export N: this hospital's answer to a model export (once every "
+        "hospital approved, a sender seals its segments to the receiver); fetch-export "
+        "--export N --out DIR: the receiver assembles the whole model and checks it",
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="predict: the images")
     p.add_argument("--config", metavar="FILE", help="a TOML file; its keys are listed below")
@@ -62,6 +76,15 @@ def parser() -> argparse.ArgumentParser:
         "--out",
         help="the CSV to write (default: <work_dir>/predictions/job-N.csv; a segmentation "
         "job's masks go to a folder beside it, <name>_masks/)",
+    )
+    export = p.add_argument_group("approve-export, refuse-export, fetch-export")
+    export.add_argument("--export", type=int, help="the export's id")
+    export.add_argument("--reason", help="refuse-export: why (the other hospitals see it)")
+    export.add_argument(
+        "--wait",
+        type=float,
+        default=600.0,
+        help="seconds to wait for every approval (and, fetch-export, every part; default 600)",
     )
     # Every configuration key gets its flag from the one table in config.py.
     add_config_flags(p)
@@ -112,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return privacy_audit(config, args)
     if args.command == "predict":
         return predict(config, args)
+    if args.command.endswith("-export"):
+        return export_command(config, args)
     return Agent(config).run()
 
 
@@ -186,6 +211,30 @@ def predict(config: AgentConfig, args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     masks = f"; masks in {written.masks}" if written.masks is not None else ""
     print(f"{written.samples} predictions written to {written.csv}{masks}")
+    return 0
+
+
+def export_command(config: AgentConfig, args: argparse.Namespace) -> int:
+    """approve-export, refuse-export or fetch-export; one line either way."""
+    try:
+        if args.export is None:
+            raise ConfigError(f"{args.command} needs --export N")
+        if args.command == "approve-export":
+            print(approve_export(config, args.export, wait=args.wait))
+        elif args.command == "refuse-export":
+            print(refuse_export(config, args.export, reason=args.reason or ""))
+        else:
+            if not args.out:
+                raise ConfigError("fetch-export needs --out DIR (a new or empty folder)")
+            done = fetch_export(config, args.export, Path(args.out), wait=args.wait)
+            print(
+                f"export {args.export}: {done.parts} parts opened ({done.size_bytes} bytes), "
+                f"the model equals the split model on {done.checked_images} images; written "
+                f"to {done.out}"
+            )
+    except (MedSplitError, CoordinatorError) as e:
+        print(f"medsplit-agent {args.command}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     return 0
 
 

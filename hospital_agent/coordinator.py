@@ -147,6 +147,45 @@ class Coordinator:
         body = {"samples": samples}
         return self._call("POST", f"/api/agent/assignments/{job}/inference/", json=body)
 
+    def export(self, export_id: int) -> dict[str, Any]:
+        """An export of a job this hospital took part in: its state, key and parts."""
+        return self._call("GET", f"/api/agent/exports/{export_id}/")
+
+    def approve_export(self, export_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/api/agent/exports/{export_id}/approve/")
+
+    def refuse_export(self, export_id: int, *, reason: str) -> dict[str, Any]:
+        return self._call(
+            "POST", f"/api/agent/exports/{export_id}/refuse/", json={"reason": reason}
+        )
+
+    def publish_export_key(self, export_id: int, *, key: str, signature: str) -> dict[str, Any]:
+        """The receiving hospital's fresh export key, signed with its identity key."""
+        body = {"key": key, "signature": signature}
+        return self._call("POST", f"/api/agent/exports/{export_id}/key/", json=body)
+
+    def upload_export_part(self, export_id: int, blob: bytes) -> dict[str, Any]:
+        """This hospital's segments sealed to the export key (the coordinator keeps
+        ciphertext only)."""
+        return self._call(
+            "POST",
+            f"/api/agent/exports/{export_id}/parts/",
+            data=blob,
+            extra_headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def download_export_part(self, export_id: int, name: str) -> bytes:
+        """One sealed part of an export this hospital receives."""
+        return self._request("GET", f"/api/agent/exports/{export_id}/parts/{name}/").content
+
+    def export_fetched(self, export_id: int, *, parts: int, size_bytes: int) -> dict[str, Any]:
+        body = {"parts": parts, "size_bytes": size_bytes}
+        return self._call("POST", f"/api/agent/exports/{export_id}/fetched/", json=body)
+
+    def audit_head(self) -> dict[str, Any]:
+        """The audit chain's head (its sequence number and hash)."""
+        return self._call("GET", "/api/agent/audit/chain/", params={"after": 0, "limit": 1})["head"]
+
     def record_handoff(
         self, *, job: int, turn: int, recipient: str, ciphertext_sha256: str, size_bytes: int
     ) -> dict[str, Any]:
@@ -252,6 +291,7 @@ class Coordinator:
         kwargs.setdefault("timeout", self.timeout)
         kwargs.setdefault("verify", self._verify)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers.update(kwargs.pop("extra_headers", None) or {})
         return retrying(
             lambda: self._once(method, path, headers=headers, **kwargs),
             what=f"{method} {path}",

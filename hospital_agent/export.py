@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from medsplit.errors import MedSplitError
 from medsplit.models.registry import build_model
 
 
-class ExportAssemblyError(Exception):
+class ExportAssemblyError(MedSplitError):
     """The segments do not make the model they claim to, or it computes differently."""
 
 

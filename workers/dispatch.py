@@ -17,3 +17,9 @@ class CeleryDispatcher:
         from workers.tasks import send_inference
 
         send_inference(request_id)
+
+    def export_approved(self, export_id: int) -> None:
+        """Sends the task that seals the export's server segment."""
+        from workers.tasks import seal_export
+
+        seal_export.delay(export_id)

@@ -11,6 +11,7 @@ import uuid
 import redis
 from django.conf import settings
 
+from exports.services import exports_to_seal
 from hospitals.errors import RelayProvisioningFailed
 from training.aggregation import (
     aggregation_dispatched,
@@ -29,6 +30,7 @@ from training.scheduling import (
 from workers import (
     aggregation_runner,
     evaluation_runner,
+    export_runner,
     group_runner,
     inference_runner,
     relay_watch,
@@ -108,6 +110,12 @@ def send_inference(request_id: int) -> None:
     infer.apply_async((request_id,), queue=settings.MEDSPLIT["INFERENCE_QUEUE"])
 
 
+@app.task(name="medsplit.seal_export")
+def seal_export(export_id: int) -> str:
+    """Seal an approved export's server segment to the receiving hospital's export key."""
+    return export_runner.run(export_id)
+
+
 @app.task(name="medsplit.sweep")
 def sweep() -> None:
     """Find work nobody is doing: scheduled jobs, lost follow-ups, turns whose worker died;
@@ -127,6 +135,8 @@ def sweep() -> None:
         _send_evaluation(part_id)
     for request_id in inferences_to_run():
         send_inference(request_id)
+    for export_id in exports_to_seal():
+        seal_export.delay(export_id)
     try:
         relay_watch.sweep_relay()
     except (redis.RedisError, RelayProvisioningFailed) as e:

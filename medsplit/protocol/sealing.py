@@ -91,6 +91,7 @@ PURPOSES = frozenset(
         "psi-reply",
         "alignment",
         "leakage-scores",
+        "export",
     }
 )
 """``handoff``: state passed to the next hospital; ``final``: the weights every participant
@@ -99,7 +100,8 @@ and the group mask key of secure aggregation (:mod:`medsplit.secagg.masks`);
 ``psi-request``, ``psi-reply`` and ``alignment``: a vertical job's record alignment, its
 PSI messages and the K-way intersection handed on (``hospital_agent/alignment.py``);
 ``leakage-scores``: a passive party's label-leakage scores for the label party
-(``hospital_agent/leakage.py``)."""
+(``hospital_agent/leakage.py``); ``export``: a segment of a completed job's model sealed to
+the receiving hospital's export key (``hospital_agent/export_flow.py``)."""
 
 SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 """The HPKE suite of every blob."""
