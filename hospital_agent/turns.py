@@ -34,13 +34,21 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, MLDSA65PublicKey
 from tqdm import tqdm
 
-from hospital_agent.alignment import AlignmentFailed, align_records
+from hospital_agent.alignment import (
+    TRAINING,
+    AlignedRecords,
+    AlignmentCoordinator,
+    AlignmentFailed,
+    AlignmentStage,
+    align_records,
+)
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
 from hospital_agent.data import (
     DataProblem,
     DataSource,
     LocalData,
+    VerticalRecords,
     load_for_job,
     load_vertical,
 )
@@ -602,6 +610,48 @@ class TurnTaker:
             job_keys=self.job_keys,
         )
 
+    def vertical_records(self, assignment: Assignment, source: DataSource) -> VerticalRecords:
+        """This party's records of a vertical job in ``source``, read at its own front's
+        input shape (a ``table``'s features at none)."""
+        model = assignment.model()
+        fronts = assignment.description().party_fronts()
+        own = {front.party: front.model for front in fronts}.get(self.me, model)
+        return load_vertical(
+            source,
+            input_shape=None if self.config.data.kind == "table" else own.input_shape,
+            num_classes=model.num_classes,
+        )
+
+    def align_vertical(
+        self,
+        assignment: Assignment,
+        records: VerticalRecords,
+        *,
+        coordinator: AlignmentCoordinator,
+        stage: AlignmentStage = TRAINING,
+    ) -> AlignedRecords:
+        """``records`` aligned by PSI with the job's other parties' (for ``stage``: the
+        training records, or an evaluation's test records, each on topics of its own)."""
+        config = assignment.config()
+        return align_records(
+            relay=self.relay,
+            keys=assignment.relay_keys,
+            coordinator=coordinator,
+            job=assignment.job,
+            me=self.me,
+            participants=assignment.raw["participants"],
+            records=records,
+            seed=config.seed,
+            minimum=int(config.mode_options["min_records"]),
+            identity=self.identity,
+            pins=self.pins,
+            job_keys=self.job_keys,
+            folder=self.jobs_dir(assignment.job),
+            timeout=self.config.reply_timeout,
+            stopping=self.stopping,
+            stage=stage,
+        )
+
     def vertical_turn(
         self, assignment: Assignment, turn: dict[str, Any], ids: TurnIds
     ) -> VerticalTurn | None:
@@ -610,30 +660,9 @@ class TurnTaker:
         problem reported to the coordinator, when it cannot start."""
         model, config = assignment.model(), assignment.config()
         fronts = assignment.description().party_fronts()
-        own = {front.party: front.model for front in fronts}.get(self.me, model)
         try:
-            records = load_vertical(
-                self.config.data,
-                input_shape=own.input_shape if self.config.data.kind != "table" else None,
-                num_classes=model.num_classes,
-            )
-            aligned = align_records(
-                relay=self.relay,
-                keys=assignment.relay_keys,
-                coordinator=self.coordinator,
-                job=assignment.job,
-                me=self.me,
-                participants=assignment.raw["participants"],
-                records=records,
-                seed=config.seed,
-                minimum=int(config.mode_options["min_records"]),
-                identity=self.identity,
-                pins=self.pins,
-                job_keys=self.job_keys,
-                folder=self.jobs_dir(assignment.job),
-                timeout=self.config.reply_timeout,
-                stopping=self.stopping,
-            )
+            records = self.vertical_records(assignment, self.config.data)
+            aligned = self.align_vertical(assignment, records, coordinator=self.coordinator)
             return vertical_turn(
                 config=config,
                 job_model=model,

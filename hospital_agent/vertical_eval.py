@@ -9,8 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from hospital_agent.alignment import FrameAgreement, align_records, test_stage
-from hospital_agent.data import load_vertical
+from hospital_agent.alignment import FrameAgreement, test_stage
 from hospital_agent.data.problems import DataProblem
 from hospital_agent.data.testset import vertical_test_source
 from medsplit.modes import Side
@@ -51,34 +50,13 @@ def evaluate_vertical(taker: Any, assignment: Any, part: dict[str, Any]) -> Vert
     model, config = assignment.model(), assignment.config()
     fronts = assignment.description().party_fronts()
     me = taker.me
-    own = {front.party: front.model for front in fronts}.get(me, model)
     source = vertical_test_source(taker.config.data, taker.config.test)
     if source is None:
         raise NoVerticalTestSet.one(None, "this party holds no test records")
-    table = taker.config.data.kind == "table"
-    records = load_vertical(
-        source,
-        input_shape=None if table else own.input_shape,
-        num_classes=model.num_classes,
-    )
+    records = taker.vertical_records(assignment, source)
     round_ = int(part["round"])
-    aligned = align_records(
-        relay=taker.relay,
-        keys=assignment.relay_keys,
-        coordinator=FrameAgreement(),
-        job=assignment.job,
-        me=me,
-        participants=assignment.raw["participants"],
-        records=records,
-        seed=config.seed,
-        minimum=int(config.mode_options["min_records"]),
-        identity=taker.identity,
-        pins=taker.pins,
-        job_keys=taker.job_keys,
-        folder=taker.jobs_dir(assignment.job),
-        timeout=taker.config.reply_timeout,
-        stopping=taker.stopping,
-        stage=test_stage(round_),
+    aligned = taker.align_vertical(
+        assignment, records, coordinator=FrameAgreement(), stage=test_stage(round_)
     )
     order = participants_in_order(assignment.raw["participants"])
     joint = job_vertical_model(model, config, order, tuple(fronts))
@@ -90,11 +68,7 @@ def evaluate_vertical(taker: Any, assignment: Any, part: dict[str, Any]) -> Vert
     label_party = order[0] == me
     train_labels = None
     if label_party:
-        train_labels = load_vertical(
-            taker.config.data,
-            input_shape=None if table else own.input_shape,
-            num_classes=model.num_classes,
-        ).labels
+        train_labels = taker.vertical_records(assignment, taker.config.data).labels
     ids = TurnIds(config.job, round_, int(assignment.raw["position"]), config.mode)
     channel = taker.relay.channel()
     logger.info(

@@ -17,7 +17,7 @@ from medsplit.errors import ChannelError, ChannelTimeout, FrameError, RelayAbuse
 from medsplit.protocol import checks
 from medsplit.protocol.checks import FrameRejected
 from medsplit.turns.control import TurnIds
-from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind, decode_frame, encode_frame
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,43 @@ class FrameIO:
                 continue
             if frame is not None:
                 return frame
+
+    def answer(
+        self,
+        kind: FrameKind,
+        index: int,
+        *,
+        timeout: float,
+        failed: Callable[[str], Exception],
+        unit: str = "batch",
+        exchange: str = "request",
+    ) -> Frame:
+        """The server's ``kind`` answer to this side's ``unit`` number ``index``; other
+        frames of this turn are dropped and counted (a late answer to an earlier batch).
+
+        Raises:
+            ``failed(message)``: nothing came for ``timeout`` seconds, or the server
+                answered ``stopped`` (its frame checks refused something; the coordinator
+                keeps the reason).
+        """
+        while True:
+            frame = self.next_frame(
+                silence_timeout=timeout,
+                poll=min(1.0, timeout),
+                interrupted=lambda: False,
+                silent=lambda waited, err: failed(
+                    f"no answer from the server for {waited:.0f} s at {unit} {index}{err}"
+                ),
+            )
+            assert frame is not None  # never interrupted
+            if frame.meta.kind == FrameKind.STOPPED:
+                raise failed(
+                    f"the server stopped the {exchange} at {unit} {frame.meta.step}: a "
+                    "frame failed its checks (the coordinator keeps the reason)"
+                )
+            if frame.meta.kind == kind and frame.meta.step == index:
+                return frame
+            self.drop(frame, f"not the answer to {unit} {index}")
 
     # -- sending ------------------------------------------------------------------------
 

@@ -268,7 +268,9 @@ def predict_through(
             batch=index,
         )
         io.send(ids.frame(FrameKind.EVAL_ACTIVATIONS, index, tensors))
-        frame = _answer(io, index, reply_timeout)
+        frame = io.answer(
+            FrameKind.EVAL_OUTPUTS, index, timeout=reply_timeout, failed=InferenceFailed
+        )
         out.append(
             mode.eval_logits(
                 frame,
@@ -280,24 +282,3 @@ def predict_through(
             ).cpu()
         )
     return InferenceResult(torch.cat(out), io.counters)
-
-
-def _answer(io: FrameIO, index: int, timeout: float) -> Frame:
-    while True:
-        frame = io.next_frame(
-            silence_timeout=timeout,
-            poll=min(1.0, timeout),
-            interrupted=lambda: False,
-            silent=lambda waited, err: InferenceFailed(
-                f"no answer from the server for {waited:.0f} s at batch {index}{err}"
-            ),
-        )
-        assert frame is not None
-        if frame.meta.kind == FrameKind.STOPPED:
-            raise InferenceFailed(
-                f"the server stopped the request at batch {frame.meta.step}: a frame failed "
-                "its checks (the coordinator keeps the reason)"
-            )
-        if frame.meta.kind == FrameKind.EVAL_OUTPUTS and frame.meta.step == index:
-            return frame
-        io.drop(frame, f"not the answer to batch {index}")

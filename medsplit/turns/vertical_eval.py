@@ -25,6 +25,7 @@ There is no handshake and no resume: an evaluation is one pass in a round of its
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -396,6 +397,13 @@ def evaluate_vertical_party(
         raise ValueError("the label party with the labels at home needs its head")
     out: list[torch.Tensor] = []
     batches = math.ceil(records / batch_size)
+    answer_to = functools.partial(
+        io.answer,
+        timeout=reply_timeout,
+        failed=VerticalEvalFailed,
+        unit="test batch",
+        exchange="evaluation",
+    )
     for index in range(batches):
         rows = slice(index * batch_size, (index + 1) * batch_size)
         x = features[rows].to(device)
@@ -405,7 +413,7 @@ def evaluate_vertical_party(
         if label_party and labels_at_server:
             tensors[LABELS] = labels[rows]
         io.send(ids.frame(FrameKind.EVAL_ACTIVATIONS, index, tensors))
-        answer = _answer(io, FrameKind.EVAL_OUTPUTS, index, reply_timeout)
+        answer = answer_to(FrameKind.EVAL_OUTPUTS, index)
         if not home:
             checks.conforms(answer, FrameSpec(kind=FrameKind.EVAL_OUTPUTS, tensors={}))
             continue
@@ -426,26 +434,5 @@ def evaluate_vertical_party(
         if train_labels is not None:
             metrics[BASELINE_METRIC] = majority_baseline(train_labels, labels).accuracy
         io.send(control.metrics(ids, batches, metrics))
-    _answer(io, FrameKind.DONE, batches, reply_timeout)
+    answer_to(FrameKind.DONE, batches)
     return VerticalEvalOutcome(logits, metrics, io.counters)
-
-
-def _answer(io: FrameIO, kind: FrameKind, index: int, timeout: float) -> Frame:
-    while True:
-        frame = io.next_frame(
-            silence_timeout=timeout,
-            poll=min(1.0, timeout),
-            interrupted=lambda: False,
-            silent=lambda waited, err: VerticalEvalFailed(
-                f"no answer from the server for {waited:.0f} s at test batch {index}{err}"
-            ),
-        )
-        assert frame is not None
-        if frame.meta.kind == FrameKind.STOPPED:
-            raise VerticalEvalFailed(
-                f"the server stopped the evaluation at test batch {frame.meta.step}: a "
-                "party's frame failed its checks (the coordinator keeps the reason)"
-            )
-        if frame.meta.kind == kind and frame.meta.step == index:
-            return frame
-        io.drop(frame, f"not the answer to test batch {index}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.db import transaction
 from django.utils import timezone
@@ -19,9 +21,9 @@ from training.dispatch import get_dispatcher
 from training.models import Job
 from training.states import JobState
 
-#: The largest sealed part the coordinator keeps (the relay's ciphertext, not a weight).
 logger = logging.getLogger(__name__)
 
+#: The largest sealed part the coordinator keeps (the relay's ciphertext, not a weight).
 MAX_PART_BYTES = 512 * 1024 * 1024
 
 
@@ -72,11 +74,28 @@ def _locked(export_id: int) -> ModelExport:
     return export
 
 
+@contextmanager
+def _agent_locked(
+    actor: Actor, export_id: int, *, recipient_does: str = ""
+) -> Iterator[tuple[Hospital, ModelExport]]:
+    """The calling agent's hospital and the export, locked for one transaction.
+
+    The hospital must have taken part in the export's job; with ``recipient_does`` (what
+    only the recipient may do, for the refusal), it must be the export's recipient.
+    """
+    hospital = _agent_hospital(actor)
+    with transaction.atomic():
+        export = _locked(export_id)
+        if recipient_does and export.recipient_id != hospital.pk:
+            raise PermissionDenied(f"only export {export.pk}'s receiving hospital {recipient_does}")
+        if hospital.pk not in _participants(export.job):
+            raise PermissionDenied(
+                f"hospital {hospital.slug!r} did not take part in job {export.job_id}"
+            )
+        yield hospital, export
+
+
 def _check_answerable(export: ModelExport, hospital: Hospital) -> None:
-    if hospital.pk not in _participants(export.job):
-        raise PermissionDenied(
-            f"hospital {hospital.slug!r} did not take part in job {export.job_id}"
-        )
     if export.state == ExportState.REFUSED:
         raise Conflict(f"export {export.pk} was already refused by {export.refused_by.slug!r}")
     if export.consents.filter(hospital=hospital).exists():
@@ -85,9 +104,7 @@ def _check_answerable(export: ModelExport, hospital: Hospital) -> None:
 
 def export_approve(*, actor: Actor, export_id: int) -> ModelExport:
     """A participating hospital's agent approves; the last approval approves the export."""
-    hospital = _agent_hospital(actor)
-    with transaction.atomic():
-        export = _locked(export_id)
+    with _agent_locked(actor, export_id) as (hospital, export):
         _check_answerable(export, hospital)
         if hospital.pk == export.recipient_id and not export.recipient_key:
             raise Conflict(
@@ -112,9 +129,7 @@ def export_approve(*, actor: Actor, export_id: int) -> ModelExport:
 
 def export_refuse(*, actor: Actor, export_id: int, reason: str) -> ModelExport:
     """A participating hospital's agent refuses: the export stops for good."""
-    hospital = _agent_hospital(actor)
-    with transaction.atomic():
-        export = _locked(export_id)
+    with _agent_locked(actor, export_id) as (hospital, export):
         _check_answerable(export, hospital)
         if export.state == ExportState.APPROVED:
             raise Conflict(f"export {export.pk} is already approved by every hospital")
@@ -150,13 +165,10 @@ def export_key_publish(*, actor: Actor, export_id: int, key: str, signature: str
     hospital (so only the recipient's agent can publish it); the key is fixed once the
     export is approved (the senders seal to it).
     """
-    hospital = _agent_hospital(actor)
-    with transaction.atomic():
-        export = _locked(export_id)
-        if export.recipient_id != hospital.pk:
-            raise PermissionDenied(
-                f"only the receiving hospital publishes export {export.pk}'s key"
-            )
+    with _agent_locked(actor, export_id, recipient_does="publishes its key") as (
+        hospital,
+        export,
+    ):
         if export.state != ExportState.PENDING:
             raise Conflict(f"export {export.pk} is {export.state}: its key can no longer change")
         if not hospital.identity_key:
@@ -239,13 +251,7 @@ def _store_part(
 
 def export_part_upload(*, actor: Actor, export_id: int, blob: bytes) -> ExportPart:
     """A participating hospital's agent leaves its segments, sealed to the export key."""
-    hospital = _agent_hospital(actor)
-    with transaction.atomic():
-        export = _locked(export_id)
-        if hospital.pk not in _participants(export.job):
-            raise PermissionDenied(
-                f"hospital {hospital.slug!r} did not take part in job {export.job_id}"
-            )
+    with _agent_locked(actor, export_id) as (hospital, export):
         if export.state != ExportState.APPROVED:
             raise Conflict(
                 f"export {export.pk} is {export.state}: segments are sealed only once every "
@@ -288,11 +294,7 @@ def export_part_download(*, actor: Actor, export_id: int, name: str) -> ExportPa
 
 def export_fetched(*, actor: Actor, export_id: int, parts: int, size_bytes: int) -> ModelExport:
     """The receiving agent assembled and checked the model: the export's last step."""
-    hospital = _agent_hospital(actor)
-    with transaction.atomic():
-        export = _locked(export_id)
-        if export.recipient_id != hospital.pk:
-            raise PermissionDenied(f"only export {export_id}'s receiving hospital fetches it")
+    with _agent_locked(actor, export_id, recipient_does="fetches it") as (hospital, export):
         if export.state != ExportState.APPROVED:
             raise Conflict(f"export {export.pk} is {export.state}: nothing can be fetched")
         export.fetched_at = timezone.now()
