@@ -4,7 +4,7 @@ is sealed for the receiver, an upload before every approval, a second upload of 
 export keys forged or unsigned, a key row swapped behind the coordinator's back. The
 receiver's own refusals (a tampered blob, a participant sending other weights than the
 job's final ones) are played with real agent processes in
-``tests/workers/test_export_job.py``."""
+``tests/security/test_export_receiver.py``."""
 
 from __future__ import annotations
 

@@ -5,9 +5,12 @@ a Celery worker and beat, two agent processes; then ``medsplit-agent approve-exp
 A vanilla job completes; hospital 0 is to receive its model. One export is refused by
 hospital 1: it stops, nothing is sealed. In a second, hospital 1 turns hostile and seals
 another front than the job's final one: the receiver refuses it by name and writes
-nothing. A third goes through: the model written loads with ``medsplit.models`` and
-equals the split model on the receiver's validation images (``torch.equal``), every step
-is audited, the coordinator holds ciphertext only, and the export key is gone.
+nothing. In a third, whoever owns the coordinator's database flips one byte of the sealed
+server segment: the receiver refuses that part by name, writes nothing and keeps its
+export key; with the part restored the export goes through: the model written loads with
+``medsplit.models`` and equals the split model on the receiver's validation images
+(``torch.equal``), every step is audited, the coordinator holds ciphertext only, and the
+export key is gone.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from medsplit.training.setup import client_parties, server_party
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
 from tests.workers.agents import SAMPLES, VAL_FRACTION, Agents, needs_tcp, small_job, wait_completed
-from tests.workers.processes import Processes, processes, workers_relay_user
+from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
 from training.models import Job
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
@@ -150,12 +153,29 @@ def test_a_model_is_exported_only_by_consent_and_equals_the_split_model(
         assert late_rc == 2 and f"refused by {agents.hospitals[1].slug}" in late_err, late_err
         assert agreed_rc == 0 and "segments sealed" in agreed_out, agreed_err
 
+        server_part = wait_until(
+            "the worker's sealed server segment",
+            lambda: ExportPart.objects.filter(export=honest, name="server").first(),
+            60,
+            processes,
+        )
+        sealed = bytes(server_part.ciphertext)
+        flipped = bytearray(sealed)
+        flipped[len(sealed) // 2] ^= 1
+        ExportPart.objects.filter(pk=server_part.pk).update(ciphertext=bytes(flipped))
+
         out_hostile, out = tmp_path / "hostile-model", tmp_path / "model"
-        (bad_rc, _, bad_err), (rc, stdout, stderr) = finished(
+        (bad_rc, _, bad_err), (tampered_rc, _, tampered_err) = finished(
             command(
                 receiver, "fetch-export", "--export", str(hostile.pk), "--out", str(out_hostile)
             ),
             command(receiver, "fetch-export", "--export", str(honest.pk), "--out", str(out)),
+        )
+        assert tampered_rc == 2 and "the part from server is refused" in tampered_err, tampered_err
+        assert not out.exists() and export_key_path(tmp_path / "agent-0", honest.pk).exists()
+        ExportPart.objects.filter(pk=server_part.pk).update(ciphertext=sealed)
+        ((rc, stdout, stderr),) = finished(
+            command(receiver, "fetch-export", "--export", str(honest.pk), "--out", str(out))
         )
     assert bad_rc == 2 and f"{agents.hospitals[1].slug} sent segments that are not" in bad_err
     assert not out_hostile.exists()
