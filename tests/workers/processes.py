@@ -29,7 +29,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
+from tests import zygote
 from tests.redis_server import forget_jobs
+from tests.zygote import ForkedProcess
 from training.models import Evaluation, Job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,21 +61,15 @@ class Processes:
 
     folder: Path
     env: dict[str, str]
-    started: dict[str, subprocess.Popen] = field(default_factory=dict)
+    started: dict[str, subprocess.Popen | ForkedProcess] = field(default_factory=dict)
     env_for: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def start(
         self, name: str, args: list[str], *, env: dict[str, str] | None = None
-    ) -> subprocess.Popen:
-        log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(
-            args,
-            cwd=REPO,
-            env=env or self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    ) -> subprocess.Popen | ForkedProcess:
+        """Start ``args`` (``python -m …`` forked from the tests' zygote where it can be),
+        its output in ``<folder>/<name>.log``."""
+        process = zygote.start(args, env=env or self.env, cwd=REPO, log=self.folder / f"{name}.log")
         self.started[name] = process
         return process
 
