@@ -81,15 +81,17 @@ class LocalCluster:
         for n, client in enumerate(clients):
             last = SLOTS - 1 if n == self.nodes - 1 else (n + 1) * share - 1
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", n * share, last)
-        for port in self.ports[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        # Every node meets every other at once: no waiting for gossip to introduce them.
+        for n, client in enumerate(clients):
+            for port in self.ports[n + 1 :]:
+                client.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             infos = [c.cluster("info") for c in clients]
             known = [int(i.get("cluster_known_nodes", 0)) for i in infos]
             if all(i.get("cluster_state") == "ok" for i in infos) and min(known) == self.nodes:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         else:
             raise RuntimeError(f"the cluster did not come up: {infos}")
         for c in clients:

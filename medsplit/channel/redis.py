@@ -441,10 +441,14 @@ class RedisChannel(Channel):
         return int(before or 0), int(now or 0), int(deleted)
 
     def _error(self, action: str, stream: str, cause: Exception) -> ChannelError:
-        if str(cause).startswith(("MOVED", "ASK")):
-            # The cluster moved the stream's slot: learn the slots again for the next try.
+        moved = isinstance(cause, redis.exceptions.AskError)  # MovedError is one too
+        if moved or isinstance(cause, redis.ConnectionError):
+            # On a cluster, the stream's slot moved or its node went (a failover): learn the
+            # slots again for the next try. Nothing to do on one Redis.
             with contextlib.suppress(redis.RedisError):
                 forget_slots(self._redis)
+        if moved:
+            cause = ChannelError(f"the cluster moved the stream's slot ({cause}); try again")
         return ChannelError(
             f"{action} stream {stream!r} on Redis at {self.address} failed: {cause}"
         )

@@ -13,10 +13,10 @@ from redis.cluster import RedisCluster
 
 from medsplit.channel import RedisChannel, RelayKeys
 from medsplit.channel.connect import connect, hash_tag, is_cluster_url, node_client, plain_url
-from medsplit.errors import ConfigError
+from medsplit.errors import ChannelError, ConfigError
 from medsplit.turns.multi import StepPolicy
 from tests.medsplit.test_multi_stream import Setup, check_exact, serve
-from tests.redis_cluster import LocalCluster, redis_cluster  # noqa: F401 - fixture
+from tests.redis_cluster import LocalCluster
 
 
 def jobs_on_distinct_nodes(client: RedisCluster, keys: RelayKeys, count: int) -> list[str]:
@@ -58,7 +58,7 @@ def test_cluster_urls_are_told_apart() -> None:
 
 
 def test_a_job_over_the_cluster_equals_the_same_steps_in_sequence(
-    redis_cluster: LocalCluster,  # noqa: F811 - fixture
+    redis_cluster: LocalCluster,
 ) -> None:
     keys = RelayKeys(f"t{uuid.uuid4().hex[:8]}")
     channels = [RedisChannel(redis_cluster.url()) for _ in range(3)]
@@ -85,3 +85,49 @@ def test_a_job_over_the_cluster_equals_the_same_steps_in_sequence(
     finally:
         for channel in channels:
             channel.close()
+
+
+def test_a_cluster_is_refused_as_celerys_broker(tmp_path) -> None:
+    from tests.security.test_passwords import _manage
+
+    refused = _manage(
+        {
+            "MEDSPLIT_WORKER_REDIS_URL": "redis+cluster://127.0.0.1:7000",
+            "CELERY_BROKER_URL": "",
+        },
+        tmp_path,
+    )
+    assert refused.returncode != 0
+    assert "Celery's broker cannot be a Redis Cluster" in refused.stderr
+
+
+def test_a_moved_slot_fails_one_send_and_the_next_goes_to_its_new_node(
+    redis_cluster: LocalCluster,
+) -> None:
+    keys = RelayKeys(f"t{uuid.uuid4().hex[:8]}")
+    channel = RedisChannel(redis_cluster.url())
+    admin = connect(redis_cluster.url())
+    try:
+        stream = keys.streams(f"job-{uuid.uuid4().hex[:8]}", "h0").up
+        slot = admin.keyslot(stream)
+        owner = admin.get_node_from_key(stream)
+        other = next(n for n in admin.get_primaries() if n.name != owner.name)
+        ids = {n.name: admin.cluster_myid(n) for n in admin.get_primaries()}
+
+        def give_slot_to(name: str) -> None:  # the slot is empty, so no keys move
+            for node in admin.get_primaries():
+                node.redis_connection.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[name])
+
+        give_slot_to(other.name)
+        try:
+            with pytest.raises(ChannelError, match="the cluster moved the stream's slot"):
+                channel.send(stream, b"frame")
+            channel.send(stream, b"frame")  # the channel learnt the slot's new node
+            assert channel.receive(stream, timeout=5) == b"frame"
+            assert other.redis_connection.exists(stream) == 1
+            channel.reset(stream)
+        finally:
+            give_slot_to(owner.name)
+    finally:
+        channel.close()
+        admin.close()

@@ -22,7 +22,7 @@ from hospitals.relay_acl import RedisAclUsers, relay_username
 from medsplit.channel import RedisChannel, RelayKeys
 from medsplit.channel.connect import connect, every_node
 from tests.medsplit.test_redis_cluster import jobs_on_distinct_nodes
-from tests.redis_cluster import LocalCluster, redis_cluster  # noqa: F401 - fixture
+from tests.redis_cluster import LocalCluster
 from tests.security.test_relay_keys import (
     BLOB_ATTEMPTS,
     COUNTER_ATTEMPTS,
@@ -50,7 +50,7 @@ def _other_keys_reached(me: redis.RedisCluster, mine: str, other: str, job: str,
 
 @pytest.mark.django_db
 def test_hospital_users_hold_on_every_node(
-    redis_cluster: LocalCluster,  # noqa: F811 - fixture
+    redis_cluster: LocalCluster,
     settings,
 ) -> None:
     keys = RelayKeys(f"t{uuid.uuid4().hex[:8]}")
