@@ -6,7 +6,8 @@ the cluster. Against a real three-node cluster (``tests/redis_cluster.py``), wit
 each node: each hospital, through the cluster client an agent uses, streams, counts and
 leaves hand-offs (one ``MULTI`` each, on the job's node) on its own keys, and every
 command of the agents' rules on the other hospital's keys is refused on every node.
-Revoking removes the user from every node."""
+The workers' user and relay guard see every hospital's keys on every node. Revoking and
+suspending act on every node."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import redis
 
 from hospital_agent.outbox import Left, counter_of, leave
-from hospitals.relay_acl import RedisAclUsers, relay_username
+from hospitals.relay_acl import RedisAclUsers, relay_username, workers_username
 from medsplit.channel import RedisChannel, RelayKeys
 from medsplit.channel.connect import connect, every_node
 from tests.medsplit.test_redis_cluster import jobs_on_distinct_nodes
@@ -30,6 +31,7 @@ from tests.security.test_relay_keys import (
     STREAM_ATTEMPTS,
     _refused,
 )
+from workers.relay_guard import RelayGuard
 
 
 def _other_keys_reached(me: redis.RedisCluster, mine: str, other: str, job: str, keys: RelayKeys):
@@ -93,6 +95,20 @@ def test_hospital_users_hold_on_every_node(
                 assert not through, f"{me} reached keys of {other} in {job}: {through}"
             # Its own streams are its own on this node too.
             assert clients["south"].xlen(keys.streams(job, "south").up) == 1
+        # The workers' user reaches every hospital's keys on every node; their relay guard
+        # finds each hospital's keys of all three jobs (SCAN visits every primary).
+        workers_password = secrets.token_urlsafe(32)
+        provisioner.provision_workers(
+            username=workers_username(keys),
+            password_sha256=hashlib.sha256(workers_password.encode()).hexdigest(),
+        )
+        workers = connect(redis_cluster.url(workers_username(keys), workers_password))
+        try:
+            guard = RelayGuard(workers, keys, lambda job, hospital: None)
+            for slug in passwords:
+                assert len(guard.usage(slug)) == 3 * 3  # per job: stream, counters, hand-off
+        finally:
+            workers.close()
         provisioner.revoke(username=relay_username("north", keys))
         for node in nodes:
             assert node.execute_command("ACL", "GETUSER", relay_username("north", keys)) is None
@@ -107,8 +123,11 @@ def test_hospital_users_hold_on_every_node(
     finally:
         for client in clients.values():
             client.close()
-        for slug in passwords:
-            provisioner.revoke(username=relay_username(slug, keys))
+        for username in [
+            *(relay_username(slug, keys) for slug in passwords),
+            workers_username(keys),
+        ]:
+            provisioner.revoke(username=username)
         for key in admin.scan_iter(match=keys.deployment_pattern()):
             admin.delete(key)
         admin.close()
