@@ -78,6 +78,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "bench_step_breakdown", 3, ("--compare", "4", "--repeats", "41"), ("--repeats", "21")
     ),
     Benchmark("bench_relay_abuse", 0.3, (), ("--frame-mib", "64")),
+    # About a minute on the 2 cores at a load of 4 (2026-12-03).
+    Benchmark("bench_cluster", 1, ("--streams", "64"), ("--seconds", "1", "--streams", "2")),
     Benchmark("bench_runtime", 2, (), ("--steps", "10", "--memory-steps", "300")),
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
     Benchmark("bench_faults", 12, (), ("--faults", "none", "relay_mid_step")),

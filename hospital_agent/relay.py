@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey, M
 from hospital_agent.identity import Credentials
 from hospital_agent.outbox import Left, Outbox, counter_of, leave
 from medsplit.channel import RelayKeys
+from medsplit.channel.connect import RelayClient, connect
 from medsplit.channel.redis import RedisChannel
 from medsplit.errors import ChannelError, MedSplitError
 from medsplit.protocol.keys import RecipientKey, SignedRecipientKey
@@ -40,7 +41,7 @@ class Relay:
         self.credentials = credentials
         self.url = credentials.relay()
         self.timeout = timeout
-        tls = self.url.startswith("rediss://")
+        tls = self.url.startswith(("rediss://", "rediss+cluster://"))
         self._tls = {"ssl_ca_certs": ca_bundle} if tls and ca_bundle else {}
         #: The blobs this agent left, to put back where the relay lost them.
         self.outbox = Outbox(ttl=HANDOFF_TTL_SECONDS)
@@ -48,8 +49,8 @@ class Relay:
     def channel(self) -> RedisChannel:
         return RedisChannel(self.url, socket_timeout=self.timeout, **self._tls)
 
-    def _client(self) -> redis.Redis:
-        return redis.Redis.from_url(
+    def _client(self) -> RelayClient:
+        return connect(
             self.url,
             socket_timeout=self.timeout,
             socket_connect_timeout=self.timeout,

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.redis_cluster import redis_cluster  # noqa: F401 - one cluster for the session
 from tests.redis_server import DEFAULT_URL, reachable
 
 

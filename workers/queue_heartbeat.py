@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import redis
 
+from medsplit.channel.connect import connect
 from medsplit.channel.keys import RelayKeys
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class QueueHeartbeat:
         self.keys = keys
         self.worker = worker
         self.queues = list(queues)
-        self._client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._client = connect(url, socket_timeout=5, socket_connect_timeout=5)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="queue-heartbeat", daemon=True)
 

@@ -13,6 +13,7 @@ from hospitals.models import Hospital, RedisCredential
 from hospitals.relay_acl import relay_keys
 from hospitals.relay_services import relay_user_suspend
 from kernel.actors import Actor
+from medsplit.channel.connect import connect
 from medsplit.errors import ModelModuleRefused
 from medsplit.training.relay_limits import RelayLimits, relay_limits
 from medsplit.training.setup import cached_split
@@ -57,9 +58,7 @@ def limits_of_job(job: Job) -> RelayLimits:
 
 def guard(client: redis.Redis | None = None) -> RelayGuard:
     """A guard over the relay as the workers' user."""
-    client = client or redis.Redis.from_url(
-        settings.MEDSPLIT["WORKER_REDIS_URL"], socket_timeout=10
-    )
+    client = client or connect(settings.MEDSPLIT["WORKER_REDIS_URL"], socket_timeout=10)
     return RelayGuard(client, relay_keys(), job_limits)
 
 

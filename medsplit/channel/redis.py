@@ -45,6 +45,7 @@ bound allows), and a stream that still holds more than the bound once a message 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -54,6 +55,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from medsplit.channel.base import Channel
+from medsplit.channel.connect import RELAY_SCHEMES, connect, forget_slots, node_client
 from medsplit.errors import ChannelError, ChannelTimeout, RelayAbuse
 
 logger = logging.getLogger(__name__)
@@ -69,7 +71,9 @@ class RedisChannel(Channel):
 
     Args:
         url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or
-            ``unix:///path/to/socket``.
+            ``unix:///path/to/socket``; ``redis+cluster://...`` or ``rediss+cluster://...``
+            for a Redis Cluster (:mod:`medsplit.channel.connect`), whose streams must carry
+            a hash tag (``RelayKeys`` names do), so a stream and its counters share a node.
         chunk_bytes: largest piece of a payload stored in one stream entry; larger
             payloads are split and put back together on receive.
         max_stream_len: entries a stream keeps before Redis trims the oldest (about:
@@ -110,8 +114,8 @@ class RedisChannel(Channel):
         max_message_bytes: int | None = None,
         max_backlog_bytes: int | None = None,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("url must start with redis://, rediss:// or unix://")
+        if not isinstance(url, str) or not url.startswith(RELAY_SCHEMES):
+            raise ValueError(f"url must start with one of {', '.join(RELAY_SCHEMES)}")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         if max_stream_len < 1:
@@ -120,7 +124,7 @@ class RedisChannel(Channel):
             raise ValueError("connect_timeout and socket_timeout must be positive")
         options: dict[str, object] = {}
         if ssl_ca_certs is not None:
-            if not url.startswith("rediss://"):
+            if not url.startswith(("rediss://", "rediss+cluster://")):
                 raise ValueError("ssl_ca_certs needs a rediss:// url")
             options["ssl_ca_certs"] = ssl_ca_certs
         for name, bound in (
@@ -133,7 +137,7 @@ class RedisChannel(Channel):
         self.max_stream_len = max_stream_len
         self.max_message_bytes = max_message_bytes
         self.max_backlog_bytes = max_backlog_bytes
-        self._redis = redis.Redis.from_url(
+        self._redis = connect(
             url,
             decode_responses=False,
             socket_connect_timeout=connect_timeout,
@@ -143,8 +147,14 @@ class RedisChannel(Channel):
             retry=Retry(NoBackoff(), 0),
             **options,
         )
-        kwargs = self._redis.connection_pool.connection_kwargs
-        self.address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        if isinstance(self._redis, redis.Redis):
+            kwargs = self._redis.connection_pool.connection_kwargs
+            self.address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        else:
+            nodes = self._redis.get_primaries()
+            self.address = "cluster " + ",".join(sorted(n.name for n in nodes))
+        #: The pool each borrowed connection goes back to (a cluster has one per node).
+        self._pools: dict[int, redis.ConnectionPool] = {}
         self._last_id: dict[str, bytes] = {}
         self._last_seq: dict[str, int] = {}
         self._sent: dict[str, int] = {}
@@ -341,16 +351,21 @@ class RedisChannel(Channel):
         self._redis.close()
 
     def _connection(self, action: str, stream: str) -> redis.Connection:
+        """A connection to the node holding ``stream`` (the one Redis, or on a cluster the
+        node of its hash tag, where its counters are too)."""
         try:
-            return self._redis.connection_pool.get_connection()
+            pool = node_client(self._redis, stream).connection_pool
+            conn = pool.get_connection()
         except redis.RedisError as e:
             raise self._error(action, stream, e) from e
+        self._pools[id(conn)] = pool
+        return conn
 
     def _release(self, conn: redis.Connection, healthy: bool) -> None:
         """Give ``conn`` back; one left mid-command (replies unread) is closed first."""
         if not healthy:
             conn.disconnect()
-        self._redis.connection_pool.release(conn)
+        self._pools.pop(id(conn)).release(conn)
 
     def _read(
         self, conn: redis.Connection, stream: str, last_id: bytes, seconds: float
@@ -426,6 +441,14 @@ class RedisChannel(Channel):
         return int(before or 0), int(now or 0), int(deleted)
 
     def _error(self, action: str, stream: str, cause: Exception) -> ChannelError:
+        moved = isinstance(cause, redis.exceptions.AskError)  # MovedError is one too
+        if moved or isinstance(cause, redis.ConnectionError):
+            # On a cluster, the stream's slot moved or its node went (a failover): learn the
+            # slots again for the next try. Nothing to do on one Redis.
+            with contextlib.suppress(redis.RedisError):
+                forget_slots(self._redis)
+        if moved:
+            cause = ChannelError(f"the cluster moved the stream's slot ({cause}); try again")
         return ChannelError(
             f"{action} stream {stream!r} on Redis at {self.address} failed: {cause}"
         )

@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from kernel.cache import cache_settings
+from medsplit.channel.connect import is_cluster_url
 from medsplit.channel.keys import RelayKeys
 from medsplit.passwords import WeakPasswordError, check_password
 
@@ -325,6 +326,13 @@ MEDSPLIT = {
 # Celery (workers/): Redis as the broker, tasks acknowledged only once done, so a task
 # whose worker dies is delivered again; every task is safe to run twice.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or MEDSPLIT["WORKER_REDIS_URL"]
+if is_cluster_url(CELERY_BROKER_URL):
+    # kombu's Redis transport speaks to one Redis only (no MOVED, no slots).
+    raise ImproperlyConfigured(
+        "Celery's broker cannot be a Redis Cluster (kombu has no cluster support): with a "
+        "redis+cluster:// relay, set CELERY_BROKER_URL to a single Redis (docs/deploy.md, "
+        "'The relay on a Redis Cluster')"
+    )
 # Every key Celery makes (queues, ``_kombu.binding.*``, ``unacked*``) starts with the
 # deployment's relay prefix too (medsplit.channel.keys), so that deployments sharing one
 # Redis never meet and the workers' Redis user needs no pattern beyond ``<prefix>:*``.

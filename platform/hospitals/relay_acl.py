@@ -54,6 +54,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from hospitals.errors import RelayProvisioningFailed
+from medsplit.channel.connect import RelayClient, connect, every_node
 from medsplit.channel.keys import RelayKeys
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,9 @@ def get_provisioner() -> RedisAclProvisioner:
 
 #: Commands an agent's user may run outside any key (``-@all`` first).
 AGENT_COMMANDS = ("ping", "multi", "exec", "discard")
+#: ... and on a Redis Cluster, what redis-py's cluster client asks as it starts: the slot
+#: map and the command table (both the same for every user, naming no key).
+CLUSTER_COMMANDS = ("cluster|slots", "cluster|shards", "command")
 #: ... on its own streams (``xinfo|stream`` is the subcommand form ACL rules take).
 STREAM_COMMANDS = (
     "xadd",
@@ -227,9 +231,11 @@ def agent_acl_rules(
     password_sha256: str,
     keys: RelayKeys | None = None,
     selectors: bool = True,
+    cluster: bool = False,
 ) -> list[str]:
     """The arguments of ``ACL SETUSER`` after the user name, for a hospital's agent
-    (``selectors``: see :func:`hospital_key_rules`).
+    (``selectors``: see :func:`hospital_key_rules`; ``cluster``: a node of a Redis Cluster,
+    where the agent's client must also learn the slots, :data:`CLUSTER_COMMANDS`).
 
     Raises:
         ValueError: not a hospital user name, or not a SHA-256 (so nothing can smuggle
@@ -243,6 +249,8 @@ def agent_acl_rules(
         raise ValueError(f"{username!r} is not a hospital relay user name of this deployment")
     _check_digest(password_sha256)
     commands = AGENT_COMMANDS if selectors else _REDIS6_COMMANDS
+    if cluster:
+        commands = (*commands, *CLUSTER_COMMANDS)
     return [
         "reset",
         "on",
@@ -286,6 +294,11 @@ class RedisAclUsers:
     ``settings.MEDSPLIT["REDIS_URL"]``, whose credentials are the coordinator's admin
     ones and need the ``ACL`` and ``CLIENT`` commands).
 
+    On a Redis Cluster (a ``redis+cluster://`` URL) every node keeps its own users, so
+    each change is applied to every node the cluster lists, replicas included (one may be
+    promoted); a node that refuses fails the whole change, which is idempotent and retried
+    whole. A node added later gets the users with ``manage.py relay_users_restore``.
+
     Any Redis failure (unreachable, refused, not allowed) becomes
     :class:`~hospitals.errors.RelayProvisioningFailed`, naming host and port only.
     """
@@ -293,17 +306,23 @@ class RedisAclUsers:
     def __init__(self, url: str | None = None, *, timeout_s: float = 5.0) -> None:
         self._url = url or settings.MEDSPLIT["REDIS_URL"]
         self._timeout_s = timeout_s
+        self._clustered = False
 
-    def _admin(self) -> redis.Redis:
-        return redis.Redis.from_url(
-            self._url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s
-        )
+    def _admin(self) -> RelayClient:
+        try:
+            return connect(
+                self._url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s
+            )
+        except redis.RedisError as e:  # a cluster client asks for the slots at once
+            raise RelayProvisioningFailed(f"the relay cluster could not be reached: {e}") from e
 
-    def _where(self, client: redis.Redis) -> str:
+    def _where(self, client: RelayClient) -> str:
+        if not isinstance(client, redis.Redis):
+            return "cluster " + ",".join(sorted(n.name for n in client.get_nodes()))
         kwargs = client.connection_pool.connection_kwargs
         return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
-    def _failed(self, client: redis.Redis, action: str, e: redis.RedisError):
+    def _failed(self, client: RelayClient, action: str, e: redis.RedisError):
         # The error's own text never holds the password; the URL is not quoted.
         return RelayProvisioningFailed(
             f"the relay at {self._where(client)} could not {action}: {type(e).__name__}: {e}"
@@ -318,6 +337,7 @@ class RedisAclUsers:
                 username=username,
                 password_sha256=password_sha256,
                 selectors=self._has_selectors(client),
+                cluster=self._clustered,
             )
 
         self._setuser(username, rules)
@@ -328,9 +348,11 @@ class RedisAclUsers:
 
     def _setuser(self, username: str, rules: Callable[[redis.Redis], list[str]]) -> None:
         client = self._admin()
+        self._clustered = not isinstance(client, redis.Redis)
         try:
-            client.execute_command("ACL", "SETUSER", username, *rules(client))
-            self._save(client)
+            for node in every_node(client):
+                node.execute_command("ACL", "SETUSER", username, *rules(node))
+                self._save(node)
         except redis.RedisError as e:
             raise self._failed(client, f"create relay user {username}", e) from e
         finally:
@@ -359,18 +381,24 @@ class RedisAclUsers:
                 raise
             logger.debug("the relay keeps no ACL file; users last until it restarts")
 
+    def _kill_clients(self, node: redis.Redis, username: str) -> None:
+        """``CLIENT KILL USER`` on ``node``; a user the node does not know is not an error."""
+        try:
+            node.execute_command("CLIENT", "KILL", "USER", username)
+        except redis.ResponseError as e:
+            if "no such user" not in str(e).lower():
+                raise
+
     def revoke(self, *, username: str) -> None:
         """``ACL DELUSER`` (which on Redis 7 also disconnects the user's clients), then
         ``CLIENT KILL USER`` for any connection left; a missing user is not an error."""
         client = self._admin()
+        deleted = 0
         try:
-            deleted = client.execute_command("ACL", "DELUSER", username)
-            self._save(client)
-            try:
-                client.execute_command("CLIENT", "KILL", "USER", username)
-            except redis.ResponseError as e:
-                if "no such user" not in str(e).lower():
-                    raise
+            for node in every_node(client):
+                deleted += node.execute_command("ACL", "DELUSER", username)
+                self._save(node)
+                self._kill_clients(node, username)
         except redis.RedisError as e:
             raise self._failed(client, f"remove relay user {username}", e) from e
         finally:
@@ -385,13 +413,11 @@ class RedisAclUsers:
         client = self._admin()
         deleted = 0
         try:
-            client.execute_command("ACL", "SETUSER", username, "off")
-            self._save(client)
-            try:
-                client.execute_command("CLIENT", "KILL", "USER", username)
-            except redis.ResponseError as e:
-                if "no such user" not in str(e).lower():
-                    raise
+            for node in every_node(client):
+                node.execute_command("ACL", "SETUSER", username, "off")
+                self._save(node)
+                self._kill_clients(node, username)
+            # On a cluster SCAN visits every primary, and each key is deleted on its own.
             for pattern in (keys.hospital_streams_pattern(slug), keys.outbox_pattern(slug)):
                 for key in client.scan_iter(match=pattern, count=1000):
                     deleted += client.delete(key)

@@ -25,6 +25,7 @@ from hospitals.models import Hospital
 from hospitals.relay_acl import relay_keys
 from hospitals.selectors import hospital_list
 from kernel.actors import Actor
+from medsplit.channel.connect import connect
 from training.models import Job, MetricPoint, Turn
 from training.states import JobState
 
@@ -244,7 +245,7 @@ def queue_consumers(queues: Sequence[str]) -> dict[str, int] | None:
     ``workers/queue_heartbeat.py``); ``None`` if the relay cannot be asked."""
     keys = relay_keys()
     try:
-        client = redis.Redis.from_url(
+        client = connect(
             settings.MEDSPLIT["REDIS_URL"],
             socket_connect_timeout=BROKER_TIMEOUT_SECONDS,
             socket_timeout=BROKER_TIMEOUT_SECONDS,

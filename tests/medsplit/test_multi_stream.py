@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -89,13 +89,24 @@ def drive(role: ClientRole, io: FrameIO, ids: TurnIds, errors: list[BaseExceptio
 
 
 def serve(
-    setup: Setup, channels: list[Channel], policy: StepPolicy, prefix: str, *, seed: int = 7
+    setup: Setup,
+    channels: list[Channel],
+    policy: StepPolicy,
+    prefix: str,
+    *,
+    seed: int = 7,
+    pair_of: Callable[[int], StreamPair] | None = None,
 ) -> list[tuple[int, int]]:
-    """The server's task on ``channels[0]``, each hospital in a thread on its own."""
+    """The server's task on ``channels[0]``, each hospital in a thread on its own, on the
+    streams ``pair_of(position)`` names (default: under ``prefix``)."""
     hospitals = []
     for position in range(2):
         ids = TurnIds(JOB, 0, position, setup.mode.name)
-        pair = StreamPair(up=f"{prefix}:{position}:up", down=f"{prefix}:{position}:down")
+        pair = (
+            pair_of(position)
+            if pair_of is not None
+            else StreamPair(up=f"{prefix}:{position}:up", down=f"{prefix}:{position}:down")
+        )
         hospitals.append(HospitalStream(ids, pair, STEPS, hospital=f"h{position}"))
     streams = StreamSet(channels[0], hospitals, seed=seed)
     errors: list[BaseException] = []
