@@ -64,7 +64,11 @@ from hospital_agent.relay import Relay
 from hospital_agent.sealed_mail import SealedMail
 from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
-from hospital_agent.vertical_eval import NoVerticalTestSet, evaluate_vertical
+from hospital_agent.vertical_eval import (
+    NoVerticalTestSet,
+    answer_vertical_prediction,
+    evaluate_vertical,
+)
 from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
@@ -488,6 +492,33 @@ class TurnTaker:
         self._evaluated.add(part["id"])
         return ClientOutcome.COMPLETED
 
+    def answer_prediction(self, assignment: Assignment) -> ClientOutcome | None:
+        """A passive party's side of its label party's running prediction
+        (:func:`hospital_agent.vertical_eval.answer_vertical_prediction`); the label
+        party's own part is served by its ``medsplit-agent predict``, not here. ``None``:
+        nothing to answer."""
+        part = assignment.raw.get("prediction") or {}
+        order = participants_in_order(assignment.raw["participants"])
+        if part.get("status") != "running" or part.get("id") in self._evaluated:
+            return None
+        if order[0] == self.me:
+            return None
+        job = assignment.job
+        self.on_status("busy")
+        try:
+            answer_vertical_prediction(self, assignment, part)
+        except (
+            DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
+            VerticalEvalFailed, FrameRejected, ConfigError, UnknownModelError,
+        ) as e:  # fmt: skip
+            logger.error("job %s: the vertical prediction failed here: %s", job, e)
+            self._evaluation_problem(assignment, part, str(e))
+            return ClientOutcome.STOPPED
+        finally:
+            self.on_status("idle")
+        self._evaluated.add(part["id"])
+        return ClientOutcome.COMPLETED
+
     def test_for(self, source: DataSource, model: JobModel, *, task: str) -> DataSplit:
         """The local test set fitted to the job's input shape (read once per shape)."""
         shape = ("test", model.input_shape, model.num_classes, task)
@@ -629,10 +660,14 @@ class TurnTaker:
         *,
         coordinator: AlignmentCoordinator,
         stage: AlignmentStage = TRAINING,
+        minimum: int | None = None,
     ) -> AlignedRecords:
         """``records`` aligned by PSI with the job's other parties' (for ``stage``: the
-        training records, or an evaluation's test records, each on topics of its own)."""
+        training records, an evaluation's test records or a prediction's records, each on
+        topics of its own), at least ``minimum`` (default: the job's ``min_records``)."""
         config = assignment.config()
+        if minimum is None:
+            minimum = int(config.mode_options["min_records"])
         return align_records(
             relay=self.relay,
             keys=assignment.relay_keys,
@@ -642,7 +677,7 @@ class TurnTaker:
             participants=assignment.raw["participants"],
             records=records,
             seed=config.seed,
-            minimum=int(config.mode_options["min_records"]),
+            minimum=minimum,
             identity=self.identity,
             pins=self.pins,
             job_keys=self.job_keys,

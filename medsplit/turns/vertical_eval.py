@@ -362,6 +362,9 @@ def serve_vertical_evaluation(
             raise e.sent_by(server.label_party) from e
     except FrameRejected as e:
         return stop(index, str(e))
+    except VerticalEvalFailed as e:  # a silent party: the others are told, not left waiting
+        stop(index, str(e))
+        raise
     served.records = server.records or 0
     for p, io in ios.items():
         io.send(control.signal(ids[p], FrameKind.DONE, index))
