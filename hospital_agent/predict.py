@@ -291,6 +291,9 @@ def _predict_vertical(
         VerticalEvalFailed, FrameRejected,
     ) as e:  # fmt: skip
         raise PredictProblem(_failed(coordinator, request.job, part["id"], str(e))) from e
+    except BaseException as e:  # anything else still ends the others' wait, then is raised
+        _failed(coordinator, request.job, part["id"], f"{type(e).__name__}: {e}", wait=False)
+        raise
     assert done.aligned is not None and done.outcome.logits is not None
     logits = dict(zip(done.aligned.alignment.identifiers, done.outcome.logits, strict=True))
     out = request.out or config.work_dir / "predictions" / f"job-{request.job}.csv"
@@ -298,7 +301,7 @@ def _predict_vertical(
     return Predictions(csv=out, masks=None, request=part["id"], samples=len(logits))
 
 
-def _failed(coordinator: Coordinator, job: int, part: int, error: str) -> str:
+def _failed(coordinator: Coordinator, job: int, part: int, error: str, *, wait: bool = True) -> str:
     """Why the prediction failed: this side's error, and the coordinator's reason once
     the worker has recorded it (it names the party or the check); this side's error is
     reported first, so the worker stops the others."""
@@ -306,7 +309,7 @@ def _failed(coordinator: Coordinator, job: int, part: int, error: str) -> str:
     with contextlib.suppress(CoordinatorError):
         coordinator.report_evaluation_problem(job=job, evaluation=part, reason=error[:2000])
     reason = ""
-    for _ in range(20):
+    for _ in range(20 if wait else 0):
         try:
             seen = coordinator.assignment(job).get("prediction") or {}
         except CoordinatorError:
