@@ -45,10 +45,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hospital_agent.alignment import AlignmentFailed, prediction_stage
+from hospital_agent.alignment import prediction_stage
 from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import Backoff, Coordinator, CoordinatorError
-from hospital_agent.data.problems import DataProblem
 from hospital_agent.data.transforms import load_for_job, load_for_prediction
 from hospital_agent.identity import (
     Credentials,
@@ -56,30 +55,27 @@ from hospital_agent.identity import (
     load_or_create_identity,
     write_private,
 )
-from hospital_agent.pins import PeerKeyRefused
 from hospital_agent.relay import Relay
 from hospital_agent.service import use_deterministic_kernels
 from hospital_agent.turns import (
     EXTRA_MODES_SETTING,
     MODEL_MODULES_SETTING,
+    VERTICAL_PASS_FAILURES,
     Assignment,
     TurnTaker,
     job_folder,
 )
 from hospital_agent.vertical_eval import prediction_records, vertical_pass
-from medsplit.errors import ChannelError, ConfigError, MedSplitError, SealError
+from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import require_model_module, set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths, require_mode
-from medsplit.protocol.checks import FrameRejected
 from medsplit.protocol.handoff import import_parties
-from medsplit.psi import PsiError
 from medsplit.training.defended import activation_account
 from medsplit.training.setup import cached_split, client_parties
 from medsplit.training.tasks import SEGMENTATION, get_task
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import TurnIds
 from medsplit.turns.inference import inference_limits, predict_through
-from medsplit.turns.vertical_eval import VerticalEvalFailed
 
 __all__ = [
     "NOT_HELD",
@@ -286,10 +282,7 @@ def _predict_vertical(
             stage=prediction_stage(part["round"]),
             predict=True,
         )
-    except (
-        DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
-        VerticalEvalFailed, FrameRejected,
-    ) as e:  # fmt: skip
+    except VERTICAL_PASS_FAILURES as e:
         raise PredictProblem(_failed(coordinator, request.job, part["id"], str(e))) from e
     except BaseException as e:  # anything else still ends the others' wait, then is raised
         _failed(coordinator, request.job, part["id"], f"{type(e).__name__}: {e}", wait=False)

@@ -189,6 +189,14 @@ def report_refusal(
         logger.warning("job %s: the refusal could not be reported: %s", job, e)
 
 
+#: What ends this party's side of a vertical evaluation or prediction here: its data,
+#: the alignment, the relay or the server's answers (reported, never raised on).
+VERTICAL_PASS_FAILURES = (
+    DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
+    VerticalEvalFailed, FrameRejected, ConfigError, UnknownModelError,
+)  # fmt: skip
+
+
 def job_folder(work_dir: Path, job: int) -> Path:
     """Where an agent keeps job ``job``'s states, snapshots and final weights."""
     return work_dir / "jobs" / f"job-{job}"
@@ -473,24 +481,7 @@ class TurnTaker:
     ) -> ClientOutcome | None:
         """A vertical party's side of the evaluation: every party's test records aligned,
         the joint step on a worker (:mod:`hospital_agent.vertical_eval`)."""
-        job = assignment.job
-        self.on_status("busy")
-        try:
-            evaluate_vertical(self, assignment, part)
-        except NoVerticalTestSet as e:
-            self._evaluation_problem(assignment, part, f"{NO_TEST_SET}: {e}", no_test_set=True)
-            return None
-        except (
-            DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
-            VerticalEvalFailed, FrameRejected,
-        ) as e:  # fmt: skip
-            logger.error("job %s: the vertical evaluation failed here: %s", job, e)
-            self._evaluation_problem(assignment, part, str(e))
-            return ClientOutcome.STOPPED
-        finally:
-            self.on_status("idle")
-        self._evaluated.add(part["id"])
-        return ClientOutcome.COMPLETED
+        return self._joint_part(assignment, part, evaluate_vertical, "evaluation")
 
     def answer_prediction(self, assignment: Assignment) -> ClientOutcome | None:
         """A passive party's side of its label party's running prediction
@@ -503,15 +494,25 @@ class TurnTaker:
             return None
         if order[0] == self.me:
             return None
-        job = assignment.job
+        return self._joint_part(assignment, part, answer_vertical_prediction, "prediction")
+
+    def _joint_part(
+        self,
+        assignment: Assignment,
+        part: dict[str, Any],
+        side: Callable[[Any, Assignment, dict[str, Any]], Any],
+        what: str,
+    ) -> ClientOutcome | None:
+        """This party's ``side`` of a vertical job's joint pass ``part``; a failure here is
+        reported on the part (which stops the worker and the other parties)."""
         self.on_status("busy")
         try:
-            answer_vertical_prediction(self, assignment, part)
-        except (
-            DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
-            VerticalEvalFailed, FrameRejected, ConfigError, UnknownModelError,
-        ) as e:  # fmt: skip
-            logger.error("job %s: the vertical prediction failed here: %s", job, e)
+            side(self, assignment, part)
+        except NoVerticalTestSet as e:
+            self._evaluation_problem(assignment, part, f"{NO_TEST_SET}: {e}", no_test_set=True)
+            return None
+        except VERTICAL_PASS_FAILURES as e:
+            logger.error("job %s: the vertical %s failed here: %s", assignment.job, what, e)
             self._evaluation_problem(assignment, part, str(e))
             return ClientOutcome.STOPPED
         finally:

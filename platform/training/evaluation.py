@@ -382,7 +382,7 @@ def evaluation_fail(
         locked.save()
         audit_record(
             actor=Actor.system(),
-            action="evaluation.hospital_failed"
+            action=f"{locked.evaluation.purpose}.hospital_failed"
             if status == HospitalEvaluation.Status.FAILED
             else "evaluation.no_test_set",
             target=f"job:{locked.job_id}",
