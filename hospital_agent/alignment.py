@@ -63,6 +63,7 @@ __all__ = [
     "FrameAgreement",
     "align_records",
     "pack_reply",
+    "prediction_stage",
     "test_stage",
     "unpack_reply",
 ]
@@ -106,6 +107,13 @@ def test_stage(round_: int) -> AlignmentStage:
     own topics, file and sessions, so it never mixes with training's."""
     return AlignmentStage("psi-test", "alignment-test", f"test-alignment-{round_}.bin",
                           f"psi-test-{round_}")  # fmt: skip
+
+
+def prediction_stage(round_: int) -> AlignmentStage:
+    """The alignment of the vertical prediction whose frames carry ``round_``: the label
+    party's requested records with every other party's, on topics of its own."""
+    return AlignmentStage("psi-predict", "alignment-predict", f"predict-alignment-{round_}.bin",
+                          f"psi-predict-{round_}")  # fmt: skip
 
 
 class FrameAgreement:

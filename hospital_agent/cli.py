@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
         "privacy-audit: how much a cut of --model leaks on this hospital's own data "
         "(offline; figures and a picture grid go to the work directory's privacy/); "
         "predict: a completed job's final model on the image PATHs, through the split "
-        "(a CSV of predictions; masks too for segmentation); approve-export / "
+        "(a CSV of predictions; masks too for segmentation), or a vertical job's on the "
+        "records of --ids FILE; approve-export / "
         "refuse-export --export N: this hospital's answer to a model export (once every "
         "hospital approved, a sender seals its segments to the receiver); fetch-export "
         "--export N --out DIR: the receiver assembles the whole model and checks it",
@@ -72,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
     _add_audit_flags(p)
     predict = p.add_argument_group("predict", "the job and where the predictions go")
     predict.add_argument("--job", type=int, help="the completed job's id")
+    predict.add_argument(
+        "--ids",
+        metavar="FILE",
+        help="a vertical job (at its label party): the record identifiers to predict on, "
+        "one a line in the first CSV column, no header; every party's agent answers",
+    )
     predict.add_argument(
         "--out",
         help="the CSV to write (default: <work_dir>/predictions/job-N.csv; a segmentation "
@@ -197,13 +204,14 @@ def predict(config: AgentConfig, args: argparse.Namespace) -> int:
     # MONAI logs each reader that could not open a file; the one line below says which.
     logging.getLogger("LoadImage").setLevel(logging.WARNING)
     try:
-        check_request(args.job, args.paths)
+        check_request(args.job, args.paths, args.ids)
         written = run_predict(
             config,
             PredictRequest(
                 job=args.job,
                 paths=tuple(args.paths),
                 out=Path(args.out) if args.out else None,
+                ids=Path(args.ids) if args.ids else None,
             ),
         )
     except (MedSplitError, CoordinatorError) as e:

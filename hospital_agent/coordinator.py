@@ -147,6 +147,13 @@ class Coordinator:
         body = {"samples": samples}
         return self._call("POST", f"/api/agent/assignments/{job}/inference/", json=body)
 
+    def request_vertical_prediction(self, *, job: int, records: int) -> dict[str, Any]:
+        """Ask, as the label party of vertical ``job``, for predictions on ``records`` of
+        its records (every party's agent answers): this party's part's id, round and
+        position."""
+        body = {"records": records}
+        return self._call("POST", f"/api/agent/assignments/{job}/vertical-predictions/", json=body)
+
     def export(self, export_id: int) -> dict[str, Any]:
         """An export of a job this hospital took part in: its state, key and parts."""
         return self._call("GET", f"/api/agent/exports/{export_id}/")

@@ -12,15 +12,32 @@ job's activation noise applied here as in training. The predictions are written 
 end, atomically: a CSV of the path, the predicted class and each class's probability
 (softmax of the logits); for a segmentation job, also one PNG mask per image (the class
 of each pixel) beside it, a 2-D job's only. Nothing is written when anything fails.
+
+A vertical job predicts on record identifiers, not images: ``medsplit-agent predict
+--job N --ids FILE`` at the job's label party (the first participant: what is predicted
+is its label; another party is refused, told which). FILE holds one identifier per
+line, in its first comma-separated column, no header; blank lines are skipped and a
+repeated identifier counts once. Every requested identifier must be among this party's
+vertical records (its training source, and its test source where configured), else
+nothing is asked. The coordinator refuses at once when a party's agent is offline
+(``training/vertical_prediction.py``); otherwise every other party's agent answers from
+all of its vertical records, the parties align by PSI (which reveals only the
+intersection) and the logits come back here (:mod:`hospital_agent.vertical_eval`). The
+CSV lists every requested identifier in the file's order: ``identifier, status,
+predicted, p_0..`` with status ``predicted``, or ``not held by every party`` and no
+prediction.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
 import shutil
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,18 +45,27 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hospital_agent.alignment import prediction_stage
 from hospital_agent.config import AgentConfig
-from hospital_agent.coordinator import Backoff, Coordinator
+from hospital_agent.coordinator import Backoff, Coordinator, CoordinatorError
 from hospital_agent.data.transforms import load_for_job, load_for_prediction
-from hospital_agent.identity import load_credentials, write_private
+from hospital_agent.identity import (
+    Credentials,
+    load_credentials,
+    load_or_create_identity,
+    write_private,
+)
 from hospital_agent.relay import Relay
 from hospital_agent.service import use_deterministic_kernels
 from hospital_agent.turns import (
     EXTRA_MODES_SETTING,
     MODEL_MODULES_SETTING,
+    VERTICAL_PASS_FAILURES,
     Assignment,
+    TurnTaker,
     job_folder,
 )
+from hospital_agent.vertical_eval import prediction_records, vertical_pass
 from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import require_model_module, set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths, require_mode
@@ -47,10 +73,22 @@ from medsplit.protocol.handoff import import_parties
 from medsplit.training.defended import activation_account
 from medsplit.training.setup import cached_split, client_parties
 from medsplit.training.tasks import SEGMENTATION, get_task
+from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import TurnIds
 from medsplit.turns.inference import inference_limits, predict_through
 
-__all__ = ["PredictProblem", "PredictRequest", "Predictions", "predict"]
+__all__ = [
+    "NOT_HELD",
+    "PredictProblem",
+    "PredictRequest",
+    "Predictions",
+    "predict",
+    "read_identifiers",
+]
+
+#: The status of a requested record that some party does not hold (no prediction).
+NOT_HELD = "not held by every party"
+PREDICTED = "predicted"
 
 
 class PredictProblem(MedSplitError):
@@ -62,8 +100,10 @@ class PredictRequest:
     """What ``medsplit-agent predict`` was asked: the job, the images, where to write."""
 
     job: int
-    paths: tuple[str, ...]
+    paths: tuple[str, ...] = ()
     out: Path | None = None
+    #: a vertical job's: the file of record identifiers to predict on.
+    ids: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +142,15 @@ def predict(config: AgentConfig, request: PredictRequest) -> Predictions:
     description = assignment.description()
     require_model_module(description.model)
     model, job_config = assignment.model(), assignment.config()
+    if job_config.split_mode.feature_sets:
+        if request.ids is None:
+            raise ConfigError(
+                f"job {request.job} is vertical: it predicts on record identifiers "
+                "(predict --job N --ids FILE), not on image paths"
+            )
+        return _predict_vertical(config, request, credentials, coordinator, assignment)
+    if request.ids is not None:
+        raise ConfigError(f"job {request.job} is not vertical: predict on image PATHs, not --ids")
     segmentation = get_task(job_config.task).name == SEGMENTATION
     if segmentation and len(model.input_shape) != 3:
         raise PredictProblem("masks are written for 2-D segmentation jobs only")
@@ -169,6 +218,118 @@ def predict(config: AgentConfig, request: PredictRequest) -> Predictions:
     return Predictions(csv=out, masks=masks, request=int(asked["request"]), samples=len(images))
 
 
+def read_identifiers(path: Path) -> tuple[str, ...]:
+    """The identifiers in ``path`` (see the module docstring), in order, each once.
+
+    Raises:
+        ConfigError: the file cannot be read or names none.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"the identifiers file {path} cannot be read: {e}") from e
+    ids = [row[0].strip() for row in csv.reader(io.StringIO(text)) if row and row[0].strip()]
+    if not ids:
+        raise ConfigError(f"the identifiers file {path} names no record")
+    return tuple(dict.fromkeys(ids))
+
+
+def _predict_vertical(
+    config: AgentConfig,
+    request: PredictRequest,
+    credentials: Credentials,
+    coordinator: Coordinator,
+    assignment: Assignment,
+) -> Predictions:
+    """The label party's vertical prediction (see the module docstring)."""
+    assert request.ids is not None
+    order = participants_in_order(assignment.raw["participants"])
+    if order[0] != credentials.hospital:
+        raise PredictProblem(
+            f"only job {request.job}'s label party, {order[0]}, can ask for its "
+            "predictions: what is predicted is its label"
+        )
+    wanted = read_identifiers(request.ids)
+    taker = TurnTaker(
+        config=config,
+        credentials=credentials,
+        identity=load_or_create_identity(config.work_dir),
+        coordinator=coordinator,
+        stopping=threading.Event(),
+    )
+    if taker.keep_final(assignment) is None:
+        raise PredictProblem(
+            f"no final weights of job {request.job} here yet: this agent keeps them once "
+            "the job completes (run it until then)"
+        )
+    own = prediction_records(taker, assignment)
+    row_of = {identifier: i for i, identifier in enumerate(own.identifiers)}
+    missing = [i for i in wanted if i not in row_of]
+    if missing:
+        raise PredictProblem(
+            f"{len(missing)} of the {len(wanted)} requested identifiers are not among this "
+            f"party's vertical records (the first: {missing[0]!r}); nothing was asked"
+        )
+    records = own.rows([row_of[i] for i in wanted])
+    asked = coordinator.request_vertical_prediction(job=request.job, records=len(records))
+    part = {"id": int(asked["prediction"]), "round": int(asked["round"])}
+    try:
+        done = vertical_pass(
+            taker,
+            assignment,
+            round_=part["round"],
+            records=records,
+            stage=prediction_stage(part["round"]),
+            predict=True,
+        )
+    except VERTICAL_PASS_FAILURES as e:
+        raise PredictProblem(_failed(coordinator, request.job, part["id"], str(e))) from e
+    except BaseException as e:  # anything else still ends the others' wait, then is raised
+        _failed(coordinator, request.job, part["id"], f"{type(e).__name__}: {e}", wait=False)
+        raise
+    assert done.aligned is not None and done.outcome.logits is not None
+    logits = dict(zip(done.aligned.alignment.identifiers, done.outcome.logits, strict=True))
+    out = request.out or config.work_dir / "predictions" / f"job-{request.job}.csv"
+    _write_records(out, wanted, logits)
+    return Predictions(csv=out, masks=None, request=part["id"], samples=len(logits))
+
+
+def _failed(coordinator: Coordinator, job: int, part: int, error: str, *, wait: bool = True) -> str:
+    """Why the prediction failed: this side's error, and the coordinator's reason once
+    the worker has recorded it (it names the party or the check); this side's error is
+    reported first, so the worker stops the others."""
+    # It may have ended already (the worker's reason below), or the coordinator be away.
+    with contextlib.suppress(CoordinatorError):
+        coordinator.report_evaluation_problem(job=job, evaluation=part, reason=error[:2000])
+    reason = ""
+    for _ in range(20 if wait else 0):
+        try:
+            seen = coordinator.assignment(job).get("prediction") or {}
+        except CoordinatorError:
+            break
+        if seen.get("id") == part and seen.get("status") != "running":
+            reason = str(seen.get("failure_reason") or "")
+            break
+        time.sleep(0.5)
+    return f"the prediction failed: {error}" + (f" (the coordinator: {reason})" if reason else "")
+
+
+def _write_records(out: Path, wanted: tuple[str, ...], logits: dict[str, torch.Tensor]) -> None:
+    """The vertical CSV, written whole or not at all."""
+    classes = len(next(iter(logits.values())))
+    text = io.StringIO()
+    rows = csv.writer(text)
+    rows.writerow(["identifier", "status", "predicted", *(f"p_{c}" for c in range(classes))])
+    for identifier in wanted:
+        if identifier not in logits:
+            rows.writerow([identifier, NOT_HELD, "", *([""] * classes)])
+            continue
+        p = torch.softmax(logits[identifier].to(torch.float64), dim=0)
+        rows.writerow([identifier, PREDICTED, int(p.argmax()), *(f"{v:.6f}" for v in p.tolist())])
+    _parent(out)
+    write_private(out, text.getvalue().encode())
+
+
 def _write(
     out: Path, paths: tuple[str, ...], logits: torch.Tensor, *, segmentation: bool
 ) -> Path | None:
@@ -210,9 +371,11 @@ def _parent(path: Path) -> Path:
     return path.parent
 
 
-def check_request(job: int | None, paths: list[str]) -> None:
+def check_request(job: int | None, paths: list[str], ids: str | None = None) -> None:
     """The command line's own checks, before anything is read."""
     if job is None:
         raise ConfigError("predict needs --job N (a completed job this hospital took part in)")
-    if not paths:
-        raise ConfigError("predict needs at least one image PATH")
+    if ids is not None and paths:
+        raise ConfigError("predict takes image PATHs or --ids FILE (a vertical job), not both")
+    if not paths and ids is None:
+        raise ConfigError("predict needs at least one image PATH (or --ids FILE, vertical)")

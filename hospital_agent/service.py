@@ -181,6 +181,9 @@ class Agent:
                     taker.relay.forget_handoffs(assignment.job_name)
                 elif (raw.get("evaluation") or {}).get("status") == "running":
                     taker.evaluate(assignment)
+                if raw["state"] == "completed":
+                    # A vertical job's label party asking for predictions (a no-op else).
+                    taker.answer_prediction(assignment)
                 return
             taker.prepare(assignment)
             if raw["state"] == "running" and raw["turn"] and raw["turn"]["status"] == "running":

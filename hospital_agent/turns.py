@@ -64,7 +64,11 @@ from hospital_agent.relay import Relay
 from hospital_agent.sealed_mail import SealedMail
 from hospital_agent.secure_rounds import SecureRounds
 from hospital_agent.snapshots import FileSnapshots
-from hospital_agent.vertical_eval import NoVerticalTestSet, evaluate_vertical
+from hospital_agent.vertical_eval import (
+    NoVerticalTestSet,
+    answer_vertical_prediction,
+    evaluate_vertical,
+)
 from hospital_agent.vertical_turns import VerticalTurn, vertical_turn
 from medsplit.channel import RelayKeys
 from medsplit.cutting import SplitModel
@@ -183,6 +187,14 @@ def report_refusal(
             raise
         # The turn may have ended meanwhile (the worker's own checks, a cancel).
         logger.warning("job %s: the refusal could not be reported: %s", job, e)
+
+
+#: What ends this party's side of a vertical evaluation or prediction here: its data,
+#: the alignment, the relay or the server's answers (reported, never raised on).
+VERTICAL_PASS_FAILURES = (
+    DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
+    VerticalEvalFailed, FrameRejected, ConfigError, UnknownModelError,
+)  # fmt: skip
 
 
 def job_folder(work_dir: Path, job: int) -> Path:
@@ -469,18 +481,38 @@ class TurnTaker:
     ) -> ClientOutcome | None:
         """A vertical party's side of the evaluation: every party's test records aligned,
         the joint step on a worker (:mod:`hospital_agent.vertical_eval`)."""
-        job = assignment.job
+        return self._joint_part(assignment, part, evaluate_vertical, "evaluation")
+
+    def answer_prediction(self, assignment: Assignment) -> ClientOutcome | None:
+        """A passive party's side of its label party's running prediction
+        (:func:`hospital_agent.vertical_eval.answer_vertical_prediction`); the label
+        party's own part is served by its ``medsplit-agent predict``, not here. ``None``:
+        nothing to answer."""
+        part = assignment.raw.get("prediction") or {}
+        order = participants_in_order(assignment.raw["participants"])
+        if part.get("status") != "running" or part.get("id") in self._evaluated:
+            return None
+        if order[0] == self.me:
+            return None
+        return self._joint_part(assignment, part, answer_vertical_prediction, "prediction")
+
+    def _joint_part(
+        self,
+        assignment: Assignment,
+        part: dict[str, Any],
+        side: Callable[[Any, Assignment, dict[str, Any]], Any],
+        what: str,
+    ) -> ClientOutcome | None:
+        """This party's ``side`` of a vertical job's joint pass ``part``; a failure here is
+        reported on the part (which stops the worker and the other parties)."""
         self.on_status("busy")
         try:
-            evaluate_vertical(self, assignment, part)
+            side(self, assignment, part)
         except NoVerticalTestSet as e:
             self._evaluation_problem(assignment, part, f"{NO_TEST_SET}: {e}", no_test_set=True)
             return None
-        except (
-            DataProblem, PsiError, AlignmentFailed, SealError, PeerKeyRefused, ChannelError,
-            VerticalEvalFailed, FrameRejected,
-        ) as e:  # fmt: skip
-            logger.error("job %s: the vertical evaluation failed here: %s", job, e)
+        except VERTICAL_PASS_FAILURES as e:
+            logger.error("job %s: the vertical %s failed here: %s", assignment.job, what, e)
             self._evaluation_problem(assignment, part, str(e))
             return ClientOutcome.STOPPED
         finally:
@@ -629,10 +661,14 @@ class TurnTaker:
         *,
         coordinator: AlignmentCoordinator,
         stage: AlignmentStage = TRAINING,
+        minimum: int | None = None,
     ) -> AlignedRecords:
         """``records`` aligned by PSI with the job's other parties' (for ``stage``: the
-        training records, or an evaluation's test records, each on topics of its own)."""
+        training records, an evaluation's test records or a prediction's records, each on
+        topics of its own), at least ``minimum`` (default: the job's ``min_records``)."""
         config = assignment.config()
+        if minimum is None:
+            minimum = int(config.mode_options["min_records"])
         return align_records(
             relay=self.relay,
             keys=assignment.relay_keys,
@@ -642,7 +678,7 @@ class TurnTaker:
             participants=assignment.raw["participants"],
             records=records,
             seed=config.seed,
-            minimum=int(config.mode_options["min_records"]),
+            minimum=minimum,
             identity=self.identity,
             pins=self.pins,
             job_keys=self.job_keys,

@@ -1,6 +1,8 @@
 """The server side of one hospital's evaluation of a completed job, run by a worker:
 claim it, load the job's final server segment, serve the hospital's test batches over
-the relay (``medsplit.turns.evaluation``), record its figures.
+the relay (``medsplit.turns.evaluation``), record its figures. A vertical job's
+evaluation, and its label party's prediction (``training/vertical_prediction.py``: the
+same joint pass without labels or figures), is one task serving every party.
 
 Nothing is written but the figures: the server segment starts from the job's final
 checkpoint in memory and its state is never saved (an evaluation trains nothing).
@@ -44,8 +46,9 @@ from training.evaluation import (
     evaluation_release,
     joint_evaluation,
 )
-from training.models import HospitalEvaluation, Job
+from training.models import Evaluation, HospitalEvaluation, Job
 from training.runs import checkpoint_dir
+from training.vertical_prediction import prediction_finish
 from workers.failures import FailureKind, classify
 from workers.relay_watch import limits_of_job
 from workers.turn_runner import EXTRA_MODES_SETTING, job_model
@@ -193,6 +196,8 @@ def _serve_joint(
         require_mode(job.mode, setting=EXTRA_MODES_SETTING)
         config = job.training_config()
         description = job.job_description()
+        predict = parts[0].evaluation.purpose == Evaluation.Purpose.PREDICTION
+        what = "prediction" if predict else "evaluation"
         slugs = tuple(p.hospital.slug for p in parts)
         fronts = description.party_fronts()
         for front in fronts:
@@ -213,6 +218,7 @@ def _serve_joint(
             max_records={p.hospital.slug: p.test_samples for p in parts},
             num_classes=description.num_classes,
             task=description.task,
+            predict=predict,
         )
         round_ = evaluation_round(job.rounds, parts[0].evaluation.attempt)
         bounds = limits_of_job(job)
@@ -234,7 +240,7 @@ def _serve_joint(
                 renewed[0] = time.monotonic()
             return any(a != Directive.RUN for a in answers)
 
-        logger.info("joint evaluation of job %s: served by %s for %s", job.pk, runner, slugs)
+        logger.info("joint %s of job %s: served by %s for %s", what, job.pk, runner, slugs)
         served = serve_vertical_evaluation(
             channel=channel,
             streams={p.hospital.slug: keys.streams(config.job, p.hospital.slug) for p in parts},
@@ -247,23 +253,31 @@ def _serve_joint(
             max_frame_bytes=bounds.frame_bytes,
             interrupted=interrupted,
         )
-        if served.figures is None:
+        if served.figures is None and not served.predicted:
             ended = [
                 p for p in parts if HospitalEvaluation.objects.get(pk=p.pk).status != "running"
             ]
             why = served.refused
             if why == "interrupted" and ended:
-                why = f"{ended[0].hospital.slug}'s part of the evaluation ended"
-            fail_all(f"the joint evaluation stopped: {why}")
+                why = f"{ended[0].hospital.slug}'s part of the {what} ended"
+            fail_all(f"the joint {what} stopped: {why}")
             return EvaluationRun("failed", job.pk)
+        bytes_up = {p.pk: served.counters[p.hospital.slug].bytes_in for p in parts}
+        bytes_down = {p.pk: served.counters[p.hospital.slug].bytes_out for p in parts}
+        if predict:
+            prediction_finish(
+                parts=parts, records=served.records, bytes_up=bytes_up, bytes_down=bytes_down
+            )
+            return EvaluationRun("completed", job.pk)
+        assert served.figures is not None
         label = parts[0]
         evaluation_finish_joint(
             parts=parts,
             label_part=label,
             metrics=evaluation_results(served.figures),
             records=served.records,
-            bytes_up={p.pk: served.counters[p.hospital.slug].bytes_in for p in parts},
-            bytes_down={p.pk: served.counters[p.hospital.slug].bytes_out for p in parts},
+            bytes_up=bytes_up,
+            bytes_down=bytes_down,
         )
         return EvaluationRun("completed", job.pk)
     except Exception as e:  # every failure ends somewhere

@@ -31,7 +31,8 @@ The workers keep a third family for themselves (no hospital reaches it)::
 requests between a hospital and the workers; hand-offs, private-set-intersection
 messages (``psi``: a request one way, its reply the other), the intersection handed on
 (``alignment``; ``psi-test`` and ``alignment-test`` for the test records a vertical
-job's evaluation aligns), a vertical job's label-leakage scores (``leakage``), mask seeds and model
+job's evaluation aligns, ``psi-predict`` and ``alignment-predict`` for the records of a
+vertical prediction), a vertical job's label-leakage scores (``leakage``), mask seeds and model
 exports between hospitals.
 
 Why the patterns cannot reach another hospital's keys:
@@ -79,6 +80,8 @@ MAIL_TOPICS = (
     "alignment",
     "psi-test",
     "alignment-test",
+    "psi-predict",
+    "alignment-predict",
     "leakage",
     "mask-seed",
     "export",

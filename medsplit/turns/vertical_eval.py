@@ -19,6 +19,15 @@ server computing the rest from the logits and labels it holds), checked, answere
 ``done``. A frame that fails a check is answered ``stopped`` to every party and nothing is
 recorded; nothing trains on either side.
 
+A prediction (``predict=True``, asked for by the label party: ``medsplit-agent predict
+--job N --ids FILE``) is the same pass over the records the label party named, aligned
+by PSI with every other party's records, without labels and without a metrics frame:
+the label party's frames carry no labels; with the labels at home it gets the top's
+output as in an evaluation (its head makes the logits), with the labels at the server
+the worker answers it the top's logits (``logits``), and every other party an empty
+answer, so the logits only ever reach the label party. After the last batch every party
+is answered ``done``.
+
 There is no handshake and no resume: an evaluation is one pass in a round of its own
 (:func:`~medsplit.turns.evaluation.evaluation_round`); a failed one is asked again.
 """
@@ -48,6 +57,7 @@ from medsplit.turns.frameio import FrameCounters, FrameIO
 from medsplit.wire import DEFAULT_MAX_FRAME_BYTES, Frame, FrameKind, FrameSpec, TensorSpec
 
 __all__ = [
+    "LOGITS",
     "RECORDS",
     "VerticalEvalFailed",
     "VerticalEvalServed",
@@ -62,6 +72,9 @@ RECORDS = "records"
 #: The intersection's SHA-256 digest as four int64 scalars (a scalar carries no batch).
 DIGEST_WORDS = tuple(f"alignment_{i}" for i in range(4))
 _SCALAR = TensorSpec((), torch.int64)
+#: The tensor a prediction's answer to the label party carries with the labels at the
+#: server: the top's logits of the batch.
+LOGITS = "logits"
 #: The figures the label party's metrics frame may hold (the labels at home: all).
 _HOME_METRICS = frozenset({"val_loss", "val_accuracy", "val_auc", "val_samples", BASELINE_METRIC})
 _SHARES = frozenset({"val_accuracy", "val_auc", BASELINE_METRIC})
@@ -106,6 +119,8 @@ class VerticalEvalServer:
         batch_size: the job's batch (the test batches' size, the last one shorter).
         max_records: each party's reported test-set size: the intersection is no larger.
         num_classes, task: the job's.
+        predict: a prediction, not an evaluation: no labels come up, the label party is
+            answered the logits (labels at the server), no metrics frame closes it.
     """
 
     top: Party
@@ -118,6 +133,7 @@ class VerticalEvalServer:
     max_records: Mapping[str, int]
     num_classes: int | None
     task: str = "classification"
+    predict: bool = False
     records: int | None = None
     digest: tuple[int, ...] | None = None
     _logits: list[torch.Tensor] = field(default_factory=list)
@@ -137,7 +153,7 @@ class VerticalEvalServer:
         """What ``party``'s test-batch frame must look like."""
         specs = boundary_spec((self.inputs[party],))
         specs.update({name: _SCALAR for name in (*DIGEST_WORDS, RECORDS)})
-        if party == self.label_party and self.head_boundary is None:
+        if party == self.label_party and self.head_boundary is None and not self.predict:
             specs[LABELS] = TensorSpec((None,), torch.int64)
         return FrameSpec(kind=FrameKind.EVAL_ACTIVATIONS, tensors=specs)
 
@@ -165,8 +181,11 @@ class VerticalEvalServer:
             tensors: dict[str, torch.Tensor] = {}
             if party == self.label_party and self.head_boundary is None:
                 logits = out if isinstance(out, torch.Tensor) else next(iter(out.values()))
-                self._logits.append(logits.detach())
-                self._labels.append(frames[party].tensors[LABELS])
+                if self.predict:  # the label party's prediction: its logits, to it alone
+                    tensors = {LOGITS: logits.detach()}
+                else:
+                    self._logits.append(logits.detach())
+                    self._labels.append(frames[party].tensors[LABELS])
             elif party == self.label_party:
                 tensors = {name: t.detach() for name, t in out.items()}
             meta = frames[party].meta
@@ -262,6 +281,7 @@ class VerticalEvalServed:
 
     figures: dict[str, float] | None = None
     records: int = 0
+    predicted: bool = False
     refused: str = ""
     counters: dict[str, FrameCounters] = field(default_factory=dict)
 
@@ -327,6 +347,12 @@ def serve_vertical_evaluation(
             for party, answer in server.forward(frames, index).items():
                 ios[party].send(answer)
             index += 1
+        if server.predict:  # nothing closes a prediction but the server's done
+            served.predicted = True
+            served.records = server.records or 0
+            for p, io in ios.items():
+                io.send(control.signal(ids[p], FrameKind.DONE, index))
+            return served
         frame = next_of(server.label_party, index)
         if frame is None:
             return stop(index, "interrupted")
@@ -336,6 +362,9 @@ def serve_vertical_evaluation(
             raise e.sent_by(server.label_party) from e
     except FrameRejected as e:
         return stop(index, str(e))
+    except VerticalEvalFailed as e:  # a silent party: the others are told, not left waiting
+        stop(index, str(e))
+        raise
     served.records = server.records or 0
     for p, io in ios.items():
         io.send(control.signal(ids[p], FrameKind.DONE, index))
@@ -372,10 +401,18 @@ def evaluate_vertical_party(
     reply_timeout: float = 120.0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     device: torch.device | str = "cpu",
+    predict: bool = False,
+    label_party: bool | None = None,
+    num_classes: int | None = None,
 ) -> VerticalEvalOutcome:
     """One party's side over its aligned test ``features`` (in the alignment's order):
     its front's embedding of each test batch up; at the label party (``labels`` given)
     the head's logits of each answer (labels at home) and the closing metrics frame.
+
+    With ``predict`` (a prediction: no ``labels`` anywhere, ``label_party`` says whether
+    this is the label party) the label party's logits come from its head (labels at
+    home) or the server's ``logits`` answer (labels at the server, ``num_classes`` wide),
+    each checked, and no metrics frame is sent.
 
     Raises:
         VerticalEvalFailed: the server stopped the evaluation, or did not answer in time.
@@ -391,7 +428,12 @@ def evaluate_vertical_party(
     )
     records = len(features)
     scalars = alignment_scalars(digest, records)
-    label_party = labels is not None
+    if label_party is None:
+        label_party = labels is not None
+    if predict and labels is not None:
+        raise ValueError("a prediction sends no labels")
+    if predict and label_party and labels_at_server and num_classes is None:
+        raise ValueError("the label party's prediction needs the job's num_classes")
     home = label_party and not labels_at_server
     if home and (head is None or head_boundary is None):
         raise ValueError("the label party with the labels at home needs its head")
@@ -410,10 +452,21 @@ def evaluate_vertical_party(
         with eval_mode([front.module]), torch.no_grad():
             embedding = front.module(x)[boundary.name].detach().cpu()
         tensors = {boundary.name: embedding, **scalars}
-        if label_party and labels_at_server:
+        if label_party and labels_at_server and not predict:
+            assert labels is not None
             tensors[LABELS] = labels[rows]
         io.send(ids.frame(FrameKind.EVAL_ACTIVATIONS, index, tensors))
         answer = answer_to(FrameKind.EVAL_OUTPUTS, index)
+        if predict and label_party and labels_at_server:
+            spec = FrameSpec(
+                kind=FrameKind.EVAL_OUTPUTS,
+                tensors={LOGITS: TensorSpec((None, num_classes), torch.float32)},
+            )
+            checks.conforms(answer, spec)
+            checks.check_batch(answer, len(x))
+            checks.check_finite(answer)
+            out.append(answer.tensors[LOGITS])
+            continue
         if not home:
             checks.conforms(answer, FrameSpec(kind=FrameKind.EVAL_OUTPUTS, tensors={}))
             continue
@@ -427,6 +480,9 @@ def evaluate_vertical_party(
             out.append(head.module(**inputs).cpu())
     metrics: dict[str, float] = {}
     logits = torch.cat(out) if out else None
+    if predict:
+        answer_to(FrameKind.DONE, batches)
+        return VerticalEvalOutcome(logits, metrics, io.counters)
     if label_party:
         assert labels is not None
         if logits is not None:

@@ -90,7 +90,7 @@ def evaluation_start(*, job: Job, actor: Actor) -> Evaluation:
         running = locked.evaluations.filter(status=Evaluation.Status.RUNNING).first()
         if running is not None:
             raise Conflict(
-                f"evaluation {running.attempt} of job {locked.pk} is still running; ask "
+                f"{running.purpose} {running.attempt} of job {locked.pk} is still running; ask "
                 "again once it has ended"
             )
         now = timezone.now()
@@ -299,6 +299,32 @@ def evaluation_finish_joint(
             f"{records} aligned test records; the parties reported at most {smallest}"
         )
     figures = _checked_figures(task, metrics, records)
+    complete_joint(
+        parts=parts,
+        figures={label_part.pk: figures},
+        records=records,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        action="evaluation.hospital_completed",
+    )
+
+
+def complete_joint(
+    *,
+    parts: list[HospitalEvaluation],
+    figures: Mapping[int, Mapping[str, float]],
+    records: int,
+    bytes_up: Mapping[int, int],
+    bytes_down: Mapping[int, int],
+    action: str,
+) -> None:
+    """Every part of a joint pass (a vertical evaluation or prediction) completed over
+    ``records`` aligned records, ``figures`` at the parts that have any, audited as
+    ``action`` with the sizes only.
+
+    Raises:
+        Conflict: a part ended meanwhile.
+    """
     with transaction.atomic():
         locked = list(
             HospitalEvaluation.objects.select_for_update()
@@ -312,7 +338,7 @@ def evaluation_finish_joint(
         now = timezone.now()
         for part in locked:
             part.status = HospitalEvaluation.Status.COMPLETED
-            part.metrics = figures if part.pk == label_part.pk else {}
+            part.metrics = dict(figures.get(part.pk, {}))
             part.test_samples = records
             part.bytes_up, part.bytes_down = bytes_up.get(part.pk, 0), bytes_down.get(part.pk, 0)
             part.finished_at = now
@@ -320,7 +346,7 @@ def evaluation_finish_joint(
             part.save()
             audit_record(
                 actor=Actor.system(),
-                action="evaluation.hospital_completed",
+                action=action,
                 target=f"job:{part.job_id}",
                 hospital=part.hospital.slug,
                 job_id=part.job_id,
@@ -356,7 +382,7 @@ def evaluation_fail(
         locked.save()
         audit_record(
             actor=Actor.system(),
-            action="evaluation.hospital_failed"
+            action=f"{locked.evaluation.purpose}.hospital_failed"
             if status == HospitalEvaluation.Status.FAILED
             else "evaluation.no_test_set",
             target=f"job:{locked.job_id}",

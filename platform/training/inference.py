@@ -42,8 +42,8 @@ def inference_refusal(job: Job) -> str | None:
         return (
             f"a {mode.name} job cannot predict for one hospital: its parties hold "
             "different features of the same patients, so a prediction needs every party's "
-            "features of the same record, a request every party's agent answers at once; "
-            "that is not built"
+            "features of the same record: its label party asks for predictions on record "
+            "identifiers (predict --job N --ids FILE), a request every party's agent answers"
         )
     return None
 

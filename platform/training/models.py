@@ -414,8 +414,15 @@ class Evaluation(models.Model):
         RUNNING = "running"  # some hospital's evaluation has not ended yet
         COMPLETED = "completed"  # every hospital's ended (completed, failed, no test set)
 
+    class Purpose(models.TextChoices):
+        EVALUATION = "evaluation"
+        # A vertical job's prediction asked for by its label party: the same joint pass
+        # over the records it named (``training/vertical_prediction.py``), no figures.
+        PREDICTION = "prediction"
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="evaluations")
     attempt = models.PositiveSmallIntegerField(default=1)
+    purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.EVALUATION)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -35,6 +35,7 @@ from medsplit.wire.codecs import describe_codecs
 from training.apps import MODEL_MODULES_SETTING
 from training.models import (
     Aggregation,
+    Evaluation,
     HandOff,
     HospitalEvaluation,
     Job,
@@ -524,7 +525,12 @@ def job_results(*, actor: Actor, job_id: int) -> dict[str, Any]:
     job = job_get(actor=actor, job_id=job_id)
     task = job.job_description().task
     figures = FIGURES.get(task, ())
-    evaluation = job.evaluations.select_related("requested_by").order_by("-attempt").first()
+    evaluation = (
+        job.evaluations.filter(purpose=Evaluation.Purpose.EVALUATION)
+        .select_related("requested_by")
+        .order_by("-attempt")
+        .first()
+    )
     parts = (
         list(evaluation.parts.select_related("hospital").order_by("position"))
         if evaluation is not None

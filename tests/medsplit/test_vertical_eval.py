@@ -1,4 +1,5 @@
-"""A vertical job's evaluation through the split equals the unsplit joint model."""
+"""A vertical job's evaluation and prediction through the split equal the unsplit joint
+model."""
 
 from __future__ import annotations
 
@@ -38,3 +39,29 @@ def test_vertical_evaluation_equals_the_unsplit_model(labels: str) -> None:
     assert run.served.records == len(y)
     after = snapshot(parties)
     assert all(torch.equal(before[k], after[k]) for k in before), "an evaluation trained"
+
+
+@pytest.mark.parametrize("labels", ["hospital", "server"])
+def test_vertical_prediction_equals_the_unsplit_model(labels: str) -> None:
+    """The label party's logits of a prediction are the unsplit joint model's on the same
+    aligned records; no labels travel, no other party gets logits, no weight changes."""
+    model, parties, _ = vertical_setup(labels, join="concat" if labels == "server" else "sum")
+    features, y = aligned_test_records()
+    before = snapshot(parties)
+    run = run_evaluation(
+        InMemoryChannel(),
+        model,
+        parties,
+        features,
+        y,
+        labels_at_server=labels == "server",
+        predict=True,
+    )
+    assert not run.errors, run.errors
+    assert run.served is not None and run.served.predicted, run.served.refused
+    assert run.served.figures is None and run.served.records == len(y)
+    assert run.server is not None and not run.server._labels  # no labels came up
+    assert torch.equal(run.outcomes["h1"].logits, unsplit_logits(model, parties, features))
+    assert run.outcomes["h2"].logits is None and not run.outcomes["h1"].metrics
+    after = snapshot(parties)
+    assert all(torch.equal(before[k], after[k]) for k in before), "a prediction trained"

@@ -80,8 +80,10 @@ def run_evaluation(
     party: Callable[..., Any] = evaluate_vertical_party,
     hostile: str | None = None,
     timeout: float = 20.0,
+    predict: bool = False,
 ) -> Run:
-    """Serve one evaluation; ``party`` replaces the honest side of ``hostile``."""
+    """Serve one evaluation (a prediction with ``predict``: no labels sent); ``party``
+    replaces the honest side of ``hostile``."""
     ids = {p: TurnIds(job, 7, i, "vertical") for i, p in enumerate(PARTIES)}
     streams = {p: KEYS.streams(job, p) for p in PARTIES}
     server = VerticalEvalServer(
@@ -94,6 +96,7 @@ def run_evaluation(
         batch_size=16,
         max_records={p: N for p in PARTIES},
         num_classes=2,
+        predict=predict,
     )
     run = Run(server=server)
 
@@ -111,10 +114,13 @@ def run_evaluation(
                 batch_size=16,
                 head=own.get("head"),
                 head_boundary=model.head_boundary,
-                labels=labels if p == "h1" else None,
+                labels=labels if p == "h1" and not predict else None,
                 labels_at_server=labels_at_server,
-                train_labels=labels if p == "h1" else None,
+                train_labels=labels if p == "h1" and not predict else None,
                 reply_timeout=timeout,
+                predict=predict,
+                label_party=p == "h1",
+                num_classes=2,
             )
         except BaseException as e:
             run.errors[p] = e

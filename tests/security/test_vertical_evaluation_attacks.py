@@ -148,3 +148,77 @@ def test_a_frame_of_another_turn_is_dropped_unused(redis_url: str) -> None:
     assert not run.errors and run.served is not None and not run.served.refused
     assert run.served.counters["h2"].dropped == 1
     assert run.served.figures["val_samples"] == len(y)
+
+
+@pytest.mark.parametrize("attack", ["fewer records", "another order", "a wrong shape", "NaN"])
+def test_a_hostile_passive_party_of_a_prediction_is_refused_by_name(
+    attack: str, redis_url: str
+) -> None:
+    """A prediction (labels at the server: the logits go to the label party) with a
+    hostile passive party: refused naming it, every party told ``stopped``, no logits
+    reach anyone, no weight changes."""
+    tamper, check = ATTACKS[attack]
+    model, parties, _ = vertical_setup("server", join="concat")
+    features, y = aligned_test_records()
+    before = snapshot(parties)
+    channel = RedisChannel(redis_url)
+
+    def hostile(**kwargs):
+        return evaluate_vertical_party(**{**kwargs, "channel": Tampering(channel, tamper)})
+
+    run = run_evaluation(
+        channel,
+        model,
+        parties,
+        features,
+        y,
+        labels_at_server=True,
+        party=hostile,
+        hostile="h2",
+        job=f"job-predict-attack-{abs(hash(attack)) % 10**6}",
+        timeout=10.0,
+        predict=True,
+    )
+    assert run.served is not None and not run.served.predicted
+    assert "h2's eval_activations frame" in run.served.refused, run.served.refused
+    assert f"{check!r} check" in run.served.refused or check in run.served.refused
+    assert set(run.errors) == {"h1", "h2"} and not run.outcomes, "logits came out"
+    assert all(isinstance(e, VerticalEvalFailed) for e in run.errors.values()), run.errors
+    after = snapshot(parties)
+    assert all(torch.equal(before[k], after[k]) for k in before), "a weight changed"
+
+
+def test_a_forged_prediction_frame_for_another_position_is_dropped(redis_url: str) -> None:
+    """A prediction frame for another position never enters the join: the label party's
+    logits are the honest ones."""
+    model, parties, _ = vertical_setup("server", join="concat")
+    features, y = aligned_test_records()
+    channel = RedisChannel(redis_url)
+
+    def hostile(**kwargs):
+        meta = kwargs["ids"].at(0).meta(FrameKind.EVAL_ACTIVATIONS, "vertical", "none")
+        forged = Frame(
+            type(meta)(**{**meta.__dict__, "position": 0}),
+            {"pool1": torch.full((16, 16, 14, 14), 1e6), **alignment_scalars("00" * 32, 37)},
+        )
+        channel.send(kwargs["streams"].up, encode_frame(forged))
+        return evaluate_vertical_party(**kwargs)
+
+    run = run_evaluation(
+        channel,
+        model,
+        parties,
+        features,
+        y,
+        labels_at_server=True,
+        party=hostile,
+        hostile="h2",
+        job="job-predict-stranger",
+        timeout=10.0,
+        predict=True,
+    )
+    assert not run.errors and run.served is not None and run.served.predicted
+    assert run.served.counters["h2"].dropped == 1
+    from tests.medsplit.vertical_eval_harness import unsplit_logits
+
+    assert torch.equal(run.outcomes["h1"].logits, unsplit_logits(model, parties, features))

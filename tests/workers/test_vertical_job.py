@@ -13,7 +13,12 @@ for bit (``torch.equal``), the unsplit multi-input model trained on the same ali
 batches; no hospital handed its weights to another, and no identifier reached the
 coordinator or the audit log. Once it completed, the job is evaluated through the split
 on the parties' test records, aligned by PSI as the training records are: the label
-party's figures equal the unsplit model's on the same aligned test batches.
+party's figures equal the unsplit model's on the same aligned test batches. Then the
+label party asks (``medsplit-agent predict --job N --ids FILE``) for predictions on
+records of its own, some of which the imaging site lacks: both agents answer, and the
+CSV holds the unsplit model's predictions for the records both hold and "not held by
+every party" for the rest; with the imaging site's agent stopped (offline), the request
+is refused at once, naming it.
 """
 
 from __future__ import annotations
@@ -21,13 +26,19 @@ from __future__ import annotations
 import copy
 import csv
 import random
+import subprocess
+import sys
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from django.conf import settings
+from django.utils import timezone
 
 from hospital_agent.data import DataSource, load_vertical
+from hospitals.models import Hospital
 from medsplit.data import synthetic_split
 from medsplit.protocol.handoff import import_parties
 from medsplit.protocol.party import Party
@@ -128,6 +139,17 @@ def _write_table(
     }
 
 
+def _predict(env: dict[str, str], job: int, ids: Path, out: Path):
+    command = [sys.executable, "-m", "hospital_agent", "predict", "--job", str(job)]
+    return subprocess.run(
+        [*command, "--ids", str(ids), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
 def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
     processes: Processes, consortium: str, redis_url: str, tmp_path: Path, admin_actor
 ) -> None:
@@ -162,6 +184,7 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
         processes.celery_worker("worker-a")
         processes.celery_beat()
         imaging = agents.hospitals[1].slug
+        imaging_pk = agents.hospitals[1].pk
         job = small_job(
             admin_actor,
             agents.hospitals,
@@ -183,6 +206,20 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
             120,
             processes,
         )
+        # The label party's prediction: records both hold, and some the imaging site lacks.
+        asked = [*ids[:3], *ids[20:30], *test_ids[:2], *test_ids[10:15]]
+        (tmp_path / "ask.csv").write_text("".join(f"{i}\n" for i in asked))
+        out = tmp_path / "out" / "predictions.csv"
+        done = _predict(agents.env["agent-0"], job.pk, tmp_path / "ask.csv", out)
+        assert done.returncode == 0, f"{done.stderr}\n{processes.logs()}"
+        assert "15 predictions written" in done.stdout, done.stdout
+        # The imaging site's agent stops: offline once its last heartbeat is older than
+        # the window (aged here rather than waited for).
+        processes.stop("agent-1")
+        window = timedelta(seconds=settings.MEDSPLIT["HOSPITAL_OFFLINE_AFTER_SECONDS"] + 5)
+        Hospital.objects.filter(pk=imaging_pk).update(last_seen_at=timezone.now() - window)
+        offline = _predict(agents.env["agent-0"], job.pk, tmp_path / "ask.csv", out)
+        assert offline.returncode != 0 and f"{imaging} sent no heartbeat" in offline.stderr
 
     turns = sorted(Turn.objects.filter(job=job), key=lambda t: (t.round_id, t.position))
     assert [t.status for t in turns] == ["completed"] * 4
@@ -262,7 +299,11 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
         assert torch.equal(got[name], value), f"{name} differs from the unsplit model"
 
     # The evaluation: the unsplit model's figures on the same aligned test batches.
-    parts = list(HospitalEvaluation.objects.filter(job=job).order_by("position"))
+    parts = list(
+        HospitalEvaluation.objects.filter(job=job, evaluation__purpose="evaluation").order_by(
+            "position"
+        )
+    )
     assert [p.status for p in parts] == ["completed"] * 2, [p.failure_reason for p in parts]
     shared_test = set(test_ids[MISSING_TEST:])
     test_alignment = Alignment(common_order(tuple(shared_test), seed=config.seed), config.seed)
@@ -304,4 +345,40 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
         "samples": size,
     }
     assert parts[1].metrics == {} and [p.test_samples for p in parts] == [size, size]
+
+    # The prediction: the unsplit model's on the aligned records, in the same batches.
+    held = {slug: {} for slug in participants}
+    for i, slug in enumerate(participants):
+        for source in (sources[i][0], test_sources[i]):
+            records = load_vertical(source, input_shape=sources[i][1], num_classes=2)
+            held[slug].update(zip(records.identifiers, records.features, strict=True))
+    both = set(asked) & set(held[participants[1]])
+    order = common_order(tuple(both), seed=config.seed)
+    with torch.no_grad():
+        reference = torch.cat(
+            [
+                whole(
+                    {
+                        p: torch.stack([held[p][r] for r in order[i : i + config.batch_size]])
+                        for p in participants
+                    }
+                )
+                for i in range(0, len(order), config.batch_size)
+            ]
+        )
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["identifier"] for r in rows] == asked
+    want_row = {}
+    for r, logit in zip(order, reference, strict=True):
+        p = torch.softmax(logit.to(torch.float64), dim=0)
+        want_row[r] = [str(int(p.argmax())), *(f"{v:.6f}" for v in p.tolist())]
+    for row in rows:
+        got_row = [row["predicted"], row["p_0"], row["p_1"]]
+        if row["identifier"] in both:
+            assert row["status"] == "predicted" and got_row == want_row[row["identifier"]]
+        else:
+            assert row["status"] == "not held by every party" and got_row == ["", "", ""]
+    predicted = Evaluation.objects.get(job=job, purpose="prediction")
+    assert [p.test_samples for p in predicted.parts.order_by("position")] == [15, 15]
     assert not any("patient-" in str(e.details) for e in audit(job)), "an identifier leaked"

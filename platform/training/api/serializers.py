@@ -23,6 +23,7 @@ from training.alignment import alignment_summary
 from training.leakage import leakage_summary
 from training.models import (
     Aggregation,
+    Evaluation,
     HandOff,
     HospitalEvaluation,
     Job,
@@ -441,6 +442,15 @@ class AssignmentEvaluationSerializer(serializers.ModelSerializer):
         return evaluation_round(part.job.rounds, part.evaluation.attempt)
 
 
+class AssignmentPredictionSerializer(AssignmentEvaluationSerializer):
+    """The hospital's part in the job's latest vertical prediction: as an evaluation's,
+    with its failure reason (the party or the check that ended it)."""
+
+    class Meta(AssignmentEvaluationSerializer.Meta):
+        fields = [*AssignmentEvaluationSerializer.Meta.fields, "failure_reason"]
+        read_only_fields = fields
+
+
 class AssignmentTurnSerializer(serializers.ModelSerializer):
     round = serializers.IntegerField(source="round.index", read_only=True)
 
@@ -624,6 +634,10 @@ class AssignmentSerializer(serializers.ModelSerializer):
         help_text="this hospital's part in the job's latest evaluation of its final model "
         "(once it completed); null when none"
     )
+    prediction = serializers.SerializerMethodField(
+        help_text="a vertical job's: this hospital's part in its label party's latest "
+        "prediction request (every party's agent answers it); null when none"
+    )
 
     class Meta:
         model = Job
@@ -643,6 +657,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "result_from",
             "aggregation",
             "evaluation",
+            "prediction",
             "state_reason",
             "relay_prefix",
         ]
@@ -662,6 +677,17 @@ class AssignmentSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(AssignmentEvaluationSerializer(allow_null=True))
     def get_evaluation(self, job: Job) -> dict | None:
+        mine = self._parts(job, Evaluation.Purpose.EVALUATION)
+        return AssignmentEvaluationSerializer(mine[-1]).data if mine else None
+
+    @extend_schema_field(AssignmentPredictionSerializer(allow_null=True))
+    def get_prediction(self, job: Job) -> dict | None:
+        """The hospital's part in the job's latest vertical prediction (its label
+        party's request, ``training/vertical_prediction.py``)."""
+        mine = self._parts(job, Evaluation.Purpose.PREDICTION)
+        return AssignmentPredictionSerializer(mine[-1]).data if mine else None
+
+    def _parts(self, job: Job, purpose: str) -> list[HospitalEvaluation]:
         mine = getattr(job, "my_evaluations", None)
         if mine is None:
             hospital = job.my_participation[0].hospital
@@ -670,7 +696,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
                 .select_related("evaluation", "job")
                 .order_by("evaluation__attempt")
             )
-        return AssignmentEvaluationSerializer(mine[-1]).data if mine else None
+        return [p for p in mine if p.evaluation.purpose == purpose]
 
     def get_relay_prefix(self, job: Job) -> str:
         return settings.MEDSPLIT["RELAY_PREFIX"]

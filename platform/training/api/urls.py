@@ -87,6 +87,11 @@ urlpatterns = [
         name="agent-evaluation-problems",
     ),
     path(
+        "agent/assignments/<int:job_id>/vertical-predictions/",
+        views.AgentVerticalPredictionView.as_view(),
+        name="agent-vertical-predictions",
+    ),
+    path(
         "agent/assignments/<int:job_id>/inference/",
         views.AgentInferenceView.as_view(),
         name="agent-inference",

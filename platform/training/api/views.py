@@ -23,6 +23,7 @@ from kernel.api.strict import StrictCharField, StrictIntegerField, StrictSeriali
 from kernel.api.throttling import ScopedThrottle
 from kernel.errors import InvalidInput
 from kernel.permissions import require_agent
+from medsplit.turns.evaluation import evaluation_round
 from medsplit.turns.inference import INFERENCE_TOPIC, inference_round
 from training import agent_services, selectors, services
 from training.aggregation import aggregation_submit
@@ -62,6 +63,7 @@ from training.validation import (
     CUT_TABLE_MAX_VALUES,
     JobInput,
 )
+from training.vertical_prediction import vertical_prediction_request
 
 
 def _actor(request: Request) -> Actor:
@@ -777,6 +779,46 @@ class AgentInferenceView(APIView):
                 "serving_batch": asked.serving_batch,
                 "topic": INFERENCE_TOPIC,
                 "status": asked.status,
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )
+
+
+class VerticalPredictionInputSerializer(StrictSerializer):
+    records = StrictIntegerField(
+        min_value=1, help_text="how many of its records the label party asks about (a count)"
+    )
+
+
+@extend_schema(tags=["agent"])
+class AgentVerticalPredictionView(APIView):
+    @extend_schema(
+        summary="A vertical job's predictions on records its label party names: every "
+        "party's agent answers (training/vertical_prediction.py); the label party's part",
+        request=VerticalPredictionInputSerializer,
+        responses={
+            202: OpenApiTypes.OBJECT,
+            400: error("no records, or more than the deployment allows in one request"),
+            404: error("no such job with this hospital among its participants"),
+            409: error(
+                "not completed, not vertical, not the label party, a party offline, or an "
+                "evaluation or prediction still running"
+            ),
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "ask for predictions")
+        data = _valid(VerticalPredictionInputSerializer, request)
+        part = vertical_prediction_request(actor=actor, job_id=job_id, records=data["records"])
+        return Response(
+            {
+                "prediction": part.pk,
+                "attempt": part.evaluation.attempt,
+                "round": evaluation_round(part.job.rounds, part.evaluation.attempt),
+                "position": part.position,
+                "records": part.test_samples,
+                "status": part.status,
             },
             status=status.HTTP_202_ACCEPTED,
         )
