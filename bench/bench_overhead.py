@@ -505,9 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         "MEDSPLIT_CHECKPOINT_EVERY": str(args.checkpoint_every),
         "MEDSPLIT_DETERMINISTIC": "1" if args.deterministic else "0",
     }
-    # In the children only: this process (the unsplit baseline) makes no Redis calls that count.
-    child = {"PYTHONPATH": hide_hiredis(folder)} if args.without_hiredis else None
-    env = configure_platform(folder, args.redis_url, queue, args.threads, extra, child)
+    env = configure_platform(folder, args.redis_url, queue, args.threads, extra)
+    if args.without_hiredis:  # the children's only: the unsplit baseline here uses no Redis
+        env["PYTHONPATH"] = hide_hiredis(folder)
     procs = Processes(folder, env, slug="")
     slugs: list[str] = []
     log(f"setting up in {folder} (queue {queue})")

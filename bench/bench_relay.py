@@ -66,7 +66,9 @@ def bench(
             relay: dict[str, list[float]] = {v: [] for v in variants}
             plain: dict[str, list[float]] = {v: [] for v in variants}
             for repetition in range(repeats + 1):  # the first warms every path up
-                for variant, (channel, client) in pairs.items():
+                turn = repetition % len(variants)  # each variant in turn goes first
+                for variant in variants[turn:] + variants[:turn]:
+                    channel, client = pairs[variant]
                     stream = f"{key}:{variant}:stream"
 
                     def through_channel(

@@ -31,8 +31,8 @@ With ``--baseline REV`` the channel (``medsplit/channel/redis.py``) and the fram
 (``medsplit/wire/frame.py``) of git revision ``REV`` are loaded beside the working tree's
 and the wire pieces are timed with both, interleaved in the same repetitions: the table
 shows each piece before and after, and their ratio. Figures are medians of ``--repeats``
-repetitions (pieces in a fixed order, the unsplit step alternating first and last);
-nothing here asserts on time.
+repetitions (pieces in a fixed order, the versions taking turns to go first, the unsplit
+step alternating first and last); nothing here asserts on time.
 
 With ``--python-parser`` the working tree's wire is timed a second time, in the same
 repetitions, with redis-py's pure-Python reply parser and packer instead of hiredis'
@@ -208,7 +208,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             timing = repetition >= args.warmup
             if repetition % 2:
                 u, _ = timed(unsplit_step)
-            for wire in wires:
+            # Each version in turn goes first: what runs first after the unsplit step (or
+            # after another version's step) finds the caches and the allocator in another
+            # state, which showed up as a steady difference where the code was the same.
+            turn = repetition % len(wires)
+            in_order = wires[turn:] + wires[:turn]
+            for wire in in_order:
                 client, server = roles[wire.name]
                 ids = StepIds("bench", 0, 0, repetition)
                 pieces, sizes = step(wire, client, server, ids, x, y)
@@ -218,7 +223,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             if not repetition % 2:
                 u, _ = timed(unsplit_step)
             up, down = os.urandom(sizes[0]), os.urandom(sizes[1])
-            for wire in wires:
+            for wire in in_order:
                 up_s, down_s = set_get(wire.name, up), set_get(wire.name, down)
                 if timing:
                     plain[wire.name]["up"].append(up_s)
