@@ -19,6 +19,10 @@ the same repetitions, round robin, channel and SET + GET alike (``report.RESP_VA
 (hiredis' parser, redis-py's packer: the channel as it sets itself up) and ``hiredis + its
 packer`` (what redis-py picks by itself with hiredis installed). Each ratio divides by the
 SET + GET of the same variant.
+
+The process keeps freed memory as agents and workers do (``medsplit.runtime``;
+``MEDSPLIT_KEEP_FREED_MEMORY=0``: glibc's defaults, under which every copy of a large
+payload maps fresh pages, and the copying variants pay for it twice).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import redis
 from report import RESP_VARIANTS, table, today, use_resp
 
 from medsplit.channel import RedisChannel
+from medsplit.runtime import keep_freed_memory
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "16 MiB": 16 << 20}
 
@@ -131,7 +136,8 @@ def markdown(result: dict[str, object]) -> str:
             ),
         )
         + f"\n\nMedians of {result['repeats']} interleaved round trips, every RESP variant in "
-        "the same repetitions; each ratio against the SET+GET of its own variant."
+        "the same repetitions; each ratio against the SET+GET of its own variant; allocator: "
+        f"{result.get('allocator', 'glibc defaults')}."
     )
 
 
@@ -148,10 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
+    allocator = keep_freed_memory()
     rows = bench(args.url, args.repeats, tuple(args.resp))
     if args.json:
         json.dump(
-            {"url_scheme": args.url.split(":")[0], "repeats": args.repeats, "rows": rows},
+            {
+                "url_scheme": args.url.split(":")[0],
+                "repeats": args.repeats,
+                "allocator": "freed memory kept" if allocator.applied else allocator.reason,
+                "rows": rows,
+            },
             sys.stdout,
             indent=2,
         )
