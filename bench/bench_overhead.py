@@ -135,6 +135,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="deterministic algorithms in the worker and the baseline (not in the agent)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    parser.add_argument(
+        "--without-hiredis",
+        action="store_true",
+        help="hide hiredis from the agent and the worker: redis-py's pure-Python RESP",
+    )
     add_run_args(parser)
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
@@ -389,6 +394,7 @@ def bench(args: argparse.Namespace, procs: Processes, tag: str, slugs: list[str]
         "cpus": os.cpu_count(),
         "deterministic": deterministic,
         "allocator": "freed memory kept" if allocator.applied else allocator.reason,
+        "resp": "pure Python (hiredis hidden)" if args.without_hiredis else resp_of_children(),
         "database": settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1],
         "batch_size": args.batch_size,
         "warmup_steps": args.warmup,
@@ -454,7 +460,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{r['timed_steps']} timed steps per run (unsplit: 2 runs pooled, before and after "
         f"the platform's turn), {r['threads']} torch threads per process, "
         f"deterministic={r['deterministic']}, {r['cpus']} CPUs, torch {r['torch']}, "
-        f"allocator: {r.get('allocator', 'glibc defaults')}.",
+        f"allocator: {r.get('allocator', 'glibc defaults')}, "
+        f"RESP in agent and worker: {r.get('resp', 'not recorded')}.",
     ]
     for m in measured:
         lo, hi = m["load_average"]
@@ -466,6 +473,26 @@ def markdown(result: dict[str, Any]) -> str:
     return text + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
+def hide_hiredis(folder: Path) -> str:
+    """The children's ``PYTHONPATH`` with a ``hiredis`` module first that fails to import,
+    so that redis-py in the agent and the worker parses and packs RESP in pure Python (as
+    it did before hiredis was a dependency) while running the same code."""
+    shim = folder / "without-hiredis"
+    shim.mkdir(exist_ok=True)
+    (shim / "hiredis.py").write_text(
+        'raise ImportError("hidden by bench_overhead.py --without-hiredis")\n'
+    )
+    repo = Path(__file__).resolve().parents[1]
+    return os.pathsep.join([str(shim), str(repo), str(repo / "platform")])
+
+
+def resp_of_children() -> str:
+    """How redis-py speaks RESP in the children, which import what this interpreter has."""
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return "hiredis' parser" if HIREDIS_AVAILABLE else "pure Python (no hiredis >= 3.2 installed)"
+
+
 def show(result: dict[str, Any]) -> None:
     print(markdown(result))
 
@@ -474,16 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tag, folder = new_run("overhead")
     queue = f"medsplit-bench-overhead-{tag}"
-    env = configure_platform(
-        folder,
-        args.redis_url,
-        queue,
-        args.threads,
-        {
-            "MEDSPLIT_CHECKPOINT_EVERY": str(args.checkpoint_every),
-            "MEDSPLIT_DETERMINISTIC": "1" if args.deterministic else "0",
-        },
-    )
+    extra = {
+        "MEDSPLIT_CHECKPOINT_EVERY": str(args.checkpoint_every),
+        "MEDSPLIT_DETERMINISTIC": "1" if args.deterministic else "0",
+    }
+    env = configure_platform(folder, args.redis_url, queue, args.threads, extra)
+    if args.without_hiredis:  # the children's only: the unsplit baseline here uses no Redis
+        env["PYTHONPATH"] = hide_hiredis(folder)
     procs = Processes(folder, env, slug="")
     slugs: list[str] = []
     log(f"setting up in {folder} (queue {queue})")

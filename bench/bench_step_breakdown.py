@@ -31,8 +31,12 @@ With ``--baseline REV`` the channel (``medsplit/channel/redis.py``) and the fram
 (``medsplit/wire/frame.py``) of git revision ``REV`` are loaded beside the working tree's
 and the wire pieces are timed with both, interleaved in the same repetitions: the table
 shows each piece before and after, and their ratio. Figures are medians of ``--repeats``
-repetitions (pieces in a fixed order, the unsplit step alternating first and last);
-nothing here asserts on time.
+repetitions (pieces in a fixed order, the versions taking turns to go first, the unsplit
+step alternating first and last); nothing here asserts on time.
+
+With ``--python-parser`` the working tree's wire is timed a second time, in the same
+repetitions, with redis-py's pure-Python reply parser and packer instead of hiredis'
+parser (``report.use_resp``); each column's SET + GET speaks RESP as its channel does.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from typing import Any
 
 import redis
 import torch
-from report import command_line, environment, table, today
+from report import command_line, environment, table, today, use_resp
 
 import medsplit.wire.frame as frame_module
 from medsplit.channel import RedisChannel
@@ -161,6 +165,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             party.step()
 
     wires = [Wire("now", frame_module, RedisChannel(args.url))]
+    if args.python_parser:
+        python_channel = RedisChannel(args.url)
+        use_resp(python_channel._redis, "pure Python")  # the channel's own client, bench only
+        wires.append(Wire("python", frame_module, python_channel))
     folder = tempfile.TemporaryDirectory()
     if args.baseline:
         old_redis, old_frame = load_revision(args.baseline, Path(folder.name))
@@ -173,26 +181,39 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             vanilla.client_role({"front": front}, split),
             vanilla.server_role(back, split, job="bench"),
         )
-    client_plain = redis.Redis.from_url(args.url)
+    # SET + GET speaks RESP as each wire's channel does: hiredis' parser with redis-py's
+    # packer (now), redis-py's alone (python), redis-py's pick (a baseline's channel).
+    resp = {"now": "hiredis", "python": "pure Python", "baseline": "hiredis + its packer"}
+    plain_clients = {}
+    for wire in wires:
+        plain_clients[wire.name] = redis.Redis.from_url(args.url)
+        use_resp(plain_clients[wire.name], resp[wire.name])
+    client_plain = plain_clients["now"]
     key = f"medsplit-bench:{uuid.uuid4()}:plain"
 
-    def set_get(payload: bytes) -> float:
+    def set_get(name: str, payload: bytes) -> float:
+        client = plain_clients[name]
         start = time.perf_counter()
-        client_plain.set(key, payload)
-        if client_plain.get(key) != payload:
+        client.set(key, payload)
+        if client.get(key) != payload:
             raise AssertionError("SET + GET changed the payload")
         return time.perf_counter() - start
 
     times: dict[str, dict[str, list[float]]] = {w.name: {p: [] for p in PIECES} for w in wires}
     unsplit: list[float] = []
-    plain: dict[str, list[float]] = {"up": [], "down": []}
+    plain = {w.name: {"up": [], "down": []} for w in wires}
     sizes = (0, 0)
     try:
         for repetition in range(args.warmup + args.repeats):
             timing = repetition >= args.warmup
             if repetition % 2:
                 u, _ = timed(unsplit_step)
-            for wire in wires:
+            # Each version in turn goes first: what runs first after the unsplit step (or
+            # after another version's step) finds the caches and the allocator in another
+            # state, which showed up as a steady difference where the code was the same.
+            turn = repetition % len(wires)
+            in_order = wires[turn:] + wires[:turn]
+            for wire in in_order:
                 client, server = roles[wire.name]
                 ids = StepIds("bench", 0, 0, repetition)
                 pieces, sizes = step(wire, client, server, ids, x, y)
@@ -202,18 +223,21 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             if not repetition % 2:
                 u, _ = timed(unsplit_step)
             up, down = os.urandom(sizes[0]), os.urandom(sizes[1])
-            up_s, down_s = set_get(up), set_get(down)
+            for wire in in_order:
+                up_s, down_s = set_get(wire.name, up), set_get(wire.name, down)
+                if timing:
+                    plain[wire.name]["up"].append(up_s)
+                    plain[wire.name]["down"].append(down_s)
             if timing:
                 unsplit.append(u)
-                plain["up"].append(up_s)
-                plain["down"].append(down_s)
     finally:
         client_plain.delete(key)
         for wire in wires:
             for stream in (wire.up, wire.down):
                 client_plain.delete(stream, stream + ":seq")
             wire.channel.close()
-        client_plain.close()
+        for client in plain_clients.values():
+            client.close()
         folder.cleanup()
     # Each version trained its own copy on the same batches as the unsplit model: equal
     # weights show that the pieces timed are the whole step (codec none: torch.equal).
@@ -248,7 +272,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "pieces_ms": pieces_ms[name],
             "split_total_ms": totals[name],
             "unsplit_ms": med(unsplit) * 1e3,
-            "set_get_ms": {k: med(v) * 1e3 for k, v in plain.items()},
+            "set_get_ms": {k: med(v) * 1e3 for k, v in plain[name].items()},
             "relay_ms": relay[name],
             "same_weights_as_unsplit": same[name],
         }
@@ -314,7 +338,13 @@ def markdown(result: dict[str, Any]) -> str:
     r = result
     names = list(r["columns"])
     cols = [r["columns"][n] for n in names]
-    label = {"now": "now", "baseline": f"at {r['baseline']}", "before": "before", "after": "after"}
+    label = {
+        "now": "now" + (", hiredis" if "python" in names else ""),
+        "python": "now, pure-Python parser",
+        "baseline": f"at {r['baseline']}",
+        "before": "before",
+        "after": "after",
+    }
     head = [f"piece ({r['date']}), ms (median)", *(label[n] for n in names)]
     if len(cols) == 2:
         head.append(f"{label[names[0]]} / {label[names[1]]}")
@@ -378,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="N pairs of child runs, before (allocator defaults, --baseline's wire) and after",
+    )
+    parser.add_argument(
+        "--python-parser",
+        action="store_true",
+        help="also time the working tree's wire with redis-py's pure-Python parser and packer",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

@@ -87,3 +87,31 @@ def replace_section(text: str, name: str, body: str) -> str:
     if stop < start:
         raise SectionError(f"{end} comes before {begin}")
     return text[:start] + "\n" + body.strip("\n") + "\n" + text[stop:]
+
+
+#: How redis-py talks RESP, by name: (reply parser, command packer). ``pure Python`` is
+#: redis-py without hiredis; ``hiredis`` is hiredis' parser with redis-py's packer, as
+#: ``RedisChannel`` sets it up; ``hiredis + its packer`` is what redis-py picks by itself
+#: when hiredis is installed (its packer copies every argument, see ``RedisChannel``).
+RESP_VARIANTS = ("pure Python", "hiredis", "hiredis + its packer")
+
+
+def use_resp(client: Any, variant: str) -> None:
+    """Make the redis-py ``client`` (a ``redis.Redis``) parse and pack with ``variant``
+    (one of :data:`RESP_VARIANTS`) from its next connection on; connections it holds are
+    dropped. For benchmarks: both sides of a comparison in the same process."""
+    from redis.connection import Encoder, PythonRespSerializer, _HiredisParser, _RESP2Parser
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if variant not in RESP_VARIANTS:
+        raise ValueError(f"unknown RESP variant {variant!r}; one of {RESP_VARIANTS}")
+    if variant != "pure Python" and not HIREDIS_AVAILABLE:
+        raise RuntimeError(f"{variant!r} needs hiredis>=3.2 installed (pip install hiredis)")
+    python_packer = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    kwargs = client.connection_pool.connection_kwargs
+    # _RESP2Parser is redis-py's Python parser; with protocol 3 it takes _RESP3Parser.
+    kwargs["parser_class"] = _RESP2Parser if variant == "pure Python" else _HiredisParser
+    kwargs["command_packer"] = None if variant == "hiredis + its packer" else python_packer
+    # A connection keeps the parser it was made with: drop them, new ones take the above.
+    client.connection_pool.disconnect()
+    client.connection_pool.reset()

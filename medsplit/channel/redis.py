@@ -52,6 +52,7 @@ from collections import defaultdict
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
 
 from medsplit.channel.base import Channel
@@ -64,6 +65,8 @@ MiB = 1 << 20
 SEQ_SUFFIX = ":seq"
 
 _FIELDS = (b"s", b"m", b"i", b"n", b"d")
+#: Arguments longer than this go to the socket on their own, uncopied (redis-py's own cutoff).
+_PACK_CUTOFF = 6000
 
 
 class RedisChannel(Channel):
@@ -145,6 +148,14 @@ class RedisChannel(Channel):
             # No silent retries: a command retried after a lost reply could append a frame
             # twice or number entries nobody appends.
             retry=Retry(NoBackoff(), 0),
+            # redis-py's own packer, even with hiredis installed: hiredis' packer copies a
+            # chunk into bytes and then into one command buffer, where this one hands the
+            # chunk's memoryview to the socket as it is (with hiredis it doubled the
+            # round trip of 1 MiB: docs/benchmarks.md, issue 26). Replies are still parsed
+            # by hiredis where it is installed.
+            command_packer=PythonRespSerializer(
+                _PACK_CUTOFF, Encoder("utf-8", "strict", decode_responses=False).encode
+            ),
             **options,
         )
         if isinstance(self._redis, redis.Redis):

@@ -388,3 +388,24 @@ def test_an_append_refused_by_redis_is_an_error_and_numbers_nothing_twice(
     with pytest.raises(ChannelError, match=r"entries 2\.\.2 are gone"):
         channel.receive(stream, timeout=2)
     assert channel.receive(stream, timeout=2) == b"three"
+
+
+def test_replies_are_parsed_by_hiredis_and_chunks_go_out_uncopied(redis_url: str) -> None:
+    """hiredis is a dependency: redis-py's pure-Python parser was most of a frame's time
+    on the relay (issue 26). Its packer is not used: it copies every chunk twice, where
+    redis-py's hands the chunk's memoryview to the socket as it is."""
+    from redis._parsers import _HiredisParser
+
+    channel = RedisChannel(redis_url)
+    try:
+        conn = channel._redis.connection_pool.get_connection()
+        try:
+            conn.connect()
+            assert isinstance(conn._parser, _HiredisParser)
+            chunk = memoryview(payload(64 * 1024))
+            packed = conn.pack_commands([("XADD", "s", "*", "d", chunk)])
+            assert any(piece is chunk for piece in packed), "the chunk was copied into the command"
+        finally:
+            channel._redis.connection_pool.release(conn)
+    finally:
+        channel.close()

@@ -45,3 +45,17 @@ def test_compare_pools_child_runs_before_and_after(
     assert set(result["columns"]) == {"before", "after"}
     assert all(c["same_weights_as_unsplit"] is True for c in result["columns"].values())
     assert "| front |" in bench_step_breakdown.markdown(result)
+
+
+def test_the_pure_python_parser_is_timed_beside_hiredis(
+    redis_url: str,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [*TINY, "--url", redis_url, "--python-parser", "--json"]
+    assert bench_step_breakdown.main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["columns"]) == {"now", "python"}
+    assert all(c["same_weights_as_unsplit"] is True for c in result["columns"].values())
+    assert all(c["set_get_ms"]["up"] > 0 for c in result["columns"].values())
+    text = bench_step_breakdown.markdown(result)
+    assert "| now, hiredis | now, pure-Python parser |" in text
