@@ -35,14 +35,14 @@ from medsplit.training.verify import deterministic
 from medsplit.turns import TurnServer
 from medsplit.wire import Frame
 from tests.hijack_server import FeatureSpaceHijacker
-from tests.workers.agents import Agents, needs_tcp, small_job
+from tests.workers.agents import Agents, consortium, small_job
 from tests.workers.processes import Processes, processes, wait_until
 from training.models import Turn
 from training.scheduling import job_advance_group
 from training.states import JobState
 from workers import turn_runner
 
-__all__ = ["processes"]
+__all__ = ["consortium", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -60,20 +60,6 @@ class RecordingHijacker(FeatureSpaceHijacker):
         reply = super().handle(frame)
         self.sent[frame.meta.step] = reply
         return reply
-
-
-@pytest.fixture
-def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: the agent enrols from 127.0.0.1
-    return live_server.url
 
 
 def _serve(turn: Turn, attacker: RecordingHijacker, monkeypatch) -> str:

@@ -521,6 +521,28 @@ def needs_tcp(redis_url: str) -> None:
         pytest.skip("per-hospital Redis users need a Redis reached over TCP")
 
 
+def open_consortium(live_server, settings, redis_url: str, **medsplit: object) -> str:
+    """The live coordinator on ``redis_url`` with the real relay's per-hospital users (and
+    the ``medsplit`` settings over its own); its URL."""
+    needs_tcp(redis_url)
+    settings.MEDSPLIT = {
+        **settings.MEDSPLIT,
+        "REDIS_URL": redis_url,
+        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
+        **medsplit,
+    }
+    from django.core.cache import cache
+
+    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
+    return live_server.url
+
+
+@pytest.fixture
+def consortium(live_server, settings, redis_url: str) -> str:
+    """:func:`open_consortium` with the coordinator's own settings."""
+    return open_consortium(live_server, settings, redis_url)
+
+
 # -- the coordinator behind TLS ------------------------------------------------------------
 
 

@@ -28,31 +28,17 @@ from medsplit.training.evaluate import majority_baseline, score
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from tests.workers.agents import SAMPLES, SHAPE, Agents, needs_tcp, small_job, wait_completed
+from tests.workers.agents import SAMPLES, SHAPE, Agents, consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
 from training.models import Evaluation, HospitalEvaluation, Job
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
-__all__ = ["processes"]
+__all__ = ["consortium", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 TEST_SAMPLES = 20
-
-
-@pytest.fixture
-def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
-    return live_server.url
 
 
 def evaluated(job: Job, attempt: int) -> bool:

@@ -29,7 +29,7 @@ from medsplit.protocol.handoff import import_parties
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from tests.workers.agents import Agents, needs_tcp, small_job, wait_completed
+from tests.workers.agents import Agents, open_consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, workers_relay_user
 from training.models import InferenceRequest
 from training.runs import checkpoint_dir
@@ -45,17 +45,7 @@ SERVING_BATCH = 8
 
 @pytest.fixture
 def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-        "INFERENCE_BATCH_SIZE": SERVING_BATCH,
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
-    return live_server.url
+    return open_consortium(live_server, settings, redis_url, INFERENCE_BATCH_SIZE=SERVING_BATCH)
 
 
 def pngs(folder: Path, count: int) -> list[str]:

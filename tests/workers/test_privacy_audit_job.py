@@ -19,30 +19,16 @@ from django.apps import apps
 from django.core import serializers as django_serializers
 
 from audit.models import AuditEvent
-from tests.workers.agents import Agents, needs_tcp, small_job, wait_completed
+from tests.workers.agents import Agents, consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
 from training.models import PrivacyFigures
 from training.selectors import privacy_figures
 
-__all__ = ["processes"]
+__all__ = ["consortium", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: the agent enrols from 127.0.0.1
-    return live_server.url
 
 
 def test_an_audited_job_ends_with_the_hospitals_figures_and_the_picture_at_home(

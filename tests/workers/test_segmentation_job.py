@@ -29,13 +29,13 @@ from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from tests.workers.agents import Agents, needs_tcp, small_job, wait_completed
+from tests.workers.agents import Agents, consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, workers_relay_user
 from training.models import Job, Turn
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
-__all__ = ["processes"]
+__all__ = ["consortium", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -50,20 +50,6 @@ SEGMENTATION_DATA = {
     "MEDSPLIT_AGENT_DATA_SAMPLES": str(SAMPLES),
     "MEDSPLIT_AGENT_DATA_VAL_FRACTION": str(VAL_FRACTION),
 }
-
-
-@pytest.fixture
-def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
-    return live_server.url
 
 
 def trains(job: Job, agents: Agents) -> list[DataSplit]:

@@ -26,29 +26,15 @@ from medsplit.training.setup import client_parties, server_party
 from medsplit.training.verify import deterministic
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from tests.workers.agents import Agents, audit, needs_tcp, small_job, wait_completed
+from tests.workers.agents import Agents, audit, consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, workers_relay_user
 from training.models import Aggregation, HandOff, Turn
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
-__all__ = ["processes"]
+__all__ = ["consortium", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
-    return live_server.url
 
 
 #: Both variants, each with one placement of the labels, one job after the other on the

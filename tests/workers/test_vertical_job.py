@@ -54,13 +54,13 @@ from medsplit.training.vertical_parts import (
 )
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from tests.workers.agents import Agents, audit, needs_tcp, small_job, wait_completed
+from tests.workers.agents import Agents, audit, consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
 from training.models import Evaluation, HandOff, HospitalEvaluation, LabelLeakage, Turn
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
-__all__ = ["processes"]
+__all__ = ["consortium", "processes"]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -72,20 +72,6 @@ COLUMNS = 12
 #: Test patients; the imaging site lacks the first four.
 NT = 40
 MISSING_TEST = 4
-
-
-@pytest.fixture
-def consortium(live_server, settings, redis_url: str) -> str:
-    needs_tcp(redis_url)
-    settings.MEDSPLIT = {
-        **settings.MEDSPLIT,
-        "REDIS_URL": redis_url,
-        "REDIS_ACL_PROVISIONER": "hospitals.relay_acl.RedisAclUsers",
-    }
-    from django.core.cache import cache
-
-    cache.clear()  # the live server's throttles: every agent enrols from 127.0.0.1
-    return live_server.url
 
 
 def _write_ids(path: Path, ids) -> None:
@@ -220,6 +206,14 @@ def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
         Hospital.objects.filter(pk=imaging_pk).update(last_seen_at=timezone.now() - window)
         offline = _predict(agents.env["agent-0"], job.pk, tmp_path / "ask.csv", out)
         assert offline.returncode != 0 and f"{imaging} sent no heartbeat" in offline.stderr
+        # An identifier the label party does not hold itself: refused before anything is
+        # asked of the coordinator or the other parties.
+        (tmp_path / "unknown.csv").write_text(f"{ids[0]}\nnobody-here\n")
+        unknown = _predict(agents.env["agent-0"], job.pk, tmp_path / "unknown.csv", out)
+        assert unknown.returncode == 2, unknown.stderr
+        assert "1 of the 2 requested identifiers are not among" in unknown.stderr
+        assert "'nobody-here'" in unknown.stderr
+        assert Evaluation.objects.filter(job=job, purpose="prediction").count() == 1
 
     turns = sorted(Turn.objects.filter(job=job), key=lambda t: (t.round_id, t.position))
     assert [t.status for t in turns] == ["completed"] * 4
