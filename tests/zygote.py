@@ -31,6 +31,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,10 +130,9 @@ class Zygote:
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="medsplit-zygote-"))
         self.socket_path = str(self.folder / "zygote.sock")
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
-        }
+        # A child's PYTHONPATH is put on its sys.path as the interpreter would; the zygote
+        # itself has none, so none of its own entries can leak into a child.
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         log = open(self.folder / "zygote.log", "ab")  # noqa: SIM115 - the process keeps it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.zygote", self.socket_path],
@@ -158,7 +158,15 @@ class Zygote:
         if len(args) < 3 or args[0] != sys.executable or args[1] != "-m":
             return False
         keys = {k for k in (*env, *self.env) if k.startswith(LOAD_TIME_PREFIXES)}
-        return all(env.get(k) == self.env.get(k) for k in keys)
+        if any(env.get(k) != self.env.get(k) for k in keys - {"PYTHONPATH"}):
+            return False
+        # A PYTHONPATH entry holding a library the zygote imported would have shadowed it.
+        tops = {name.split(".")[0] for name in PRELOAD}
+        for entry in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
+            folder = Path(entry)
+            if any((folder / t).exists() or (folder / f"{t}.py").exists() for t in tops):
+                return False
+        return True
 
     def _ask(self, request: dict) -> dict:
         if self.process.poll() is not None:
@@ -174,7 +182,13 @@ class Zygote:
         return reply
 
     def spawn(
-        self, args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, log: Path
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path | str,
+        log: Path,
+        stderr: Path | None = None,
     ) -> ForkedProcess:
         reply = self._ask(
             {
@@ -184,6 +198,7 @@ class Zygote:
                 "env": dict(env),
                 "cwd": str(cwd),
                 "log": str(log),
+                "stderr": str(stderr) if stderr else "",
             }
         )
         return ForkedProcess(self, int(reply["pid"]), args)
@@ -209,23 +224,73 @@ def _session_zygote() -> Zygote:
 
 
 def start(
-    args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, log: Path
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path | str,
+    log: Path,
+    stderr: Path | None = None,
 ) -> subprocess.Popen | ForkedProcess:
-    """Start ``args`` with its output appended to ``log``: forked from the zygote where
-    that is the same as a fresh interpreter, else as a fresh interpreter."""
+    """Start ``args`` with its output appended to ``log`` (its standard error to
+    ``stderr`` if given): forked from the zygote where that is the same as a fresh
+    interpreter, else as a fresh interpreter."""
     if os.environ.get(SWITCH, "1") != "0":
         zygote = _session_zygote()
         if zygote.can_fork(args, env):
-            return zygote.spawn(args, env=env, cwd=cwd, log=log)
-    with open(log, "ab") as out:
+            return zygote.spawn(args, env=env, cwd=cwd, log=log, stderr=stderr)
+    with open(log, "ab") as out, open(stderr or os.devnull, "ab") as err:
         return subprocess.Popen(
             list(args),
             cwd=cwd,
             env=dict(env),
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=err if stderr else subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+
+
+class Captured:
+    """A started command whose standard output and error are kept apart, with
+    :meth:`subprocess.Popen.communicate`'s answer (text)."""
+
+    def __init__(self, args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="medsplit-run-"))
+        self.args = list(args)
+        self.process = start(
+            args,
+            env=env,
+            cwd=cwd,
+            log=self.folder / "stdout",
+            stderr=self.folder / "stderr",
+        )
+        self.returncode: int | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        try:
+            self.returncode = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        out = (self.folder / "stdout").read_text(errors="replace")
+        err = (self.folder / "stderr").read_text(errors="replace")
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return out, err
+
+
+def run(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """:func:`subprocess.run` with ``capture_output=True, text=True``, forked where
+    :func:`start` would fork."""
+    command = Captured(args, env=os.environ if env is None else env, cwd=cwd or os.getcwd())
+    out, err = command.communicate(timeout)
+    assert command.returncode is not None
+    return subprocess.CompletedProcess(list(args), command.returncode, out, err)
 
 
 # -- the zygote's side -------------------------------------------------------------------
@@ -265,8 +330,14 @@ def _become(request: dict, listener: socket.socket, conn: socket.socket) -> None
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    if request.get("stderr"):
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(err, 2)
+        os.close(err)
     sys.argv = [request["module"], *request["argv"]]
-    sys.path[0] = request["cwd"]  # `python -m` puts its working directory first
+    # As the interpreter starts `python -m`: its working directory, then PYTHONPATH.
+    extra = [e for e in request["env"].get("PYTHONPATH", "").split(os.pathsep) if e]
+    sys.path[:1] = [request["cwd"], *extra]
 
 
 def serve(socket_path: str) -> None:

@@ -15,6 +15,7 @@ from PIL import Image
 
 from hospital_agent.cli import main
 from medsplit.models import model_modules, set_model_modules
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,9 +34,7 @@ def _config(tmp_path: Path) -> Path:
 def _agent(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     config = _config(tmp_path)
     command = [sys.executable, "-m", "hospital_agent", "privacy-audit", "--config", str(config)]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=os.environ
-    )
+    return zygote.run([*command, *args], timeout=120, cwd=ROOT, env=os.environ)
 
 
 def test_the_audit_prints_the_figures_and_keeps_the_picture_at_home(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from medsplit.cli import main
 from medsplit.cutting import cut_table
 from medsplit.models import build_model, get_model_spec
+from tests import zygote
 
 
 def _table_json(model: str, shape: tuple[int, ...]) -> list[dict[str, object]]:
@@ -64,13 +64,7 @@ def test_cuts_default_shape_is_the_models(capsys) -> None:
 
 def test_cuts_runs_as_a_module_in_a_subprocess() -> None:
     argv = ["cuts", "small_cnn", "--input-shape", "1,12,12", "--json"]
-    result = subprocess.run(
-        [sys.executable, "-m", "medsplit.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = zygote.run([sys.executable, "-m", "medsplit.cli", *argv], timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == _table_json("small_cnn", (1, 12, 12))
 

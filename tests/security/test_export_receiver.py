@@ -16,7 +16,7 @@ export key is gone.
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,6 +40,7 @@ from medsplit.protocol.sealing import SealContext, seal
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
+from tests import zygote
 from tests.workers.agents import (
     SAMPLES,
     VAL_FRACTION,
@@ -58,17 +59,13 @@ __all__ = ["consortium", "processes"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def command(env: dict[str, str], *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "hospital_agent", *args, "--wait", "90"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+def command(env: dict[str, str], *args: str) -> zygote.Captured:
+    return zygote.Captured(
+        [sys.executable, "-m", "hospital_agent", *args, "--wait", "90"], env=env, cwd=os.getcwd()
     )
 
 
-def finished(*running: subprocess.Popen) -> list[tuple[int, str, str]]:
+def finished(*running: zygote.Captured) -> list[tuple[int, str, str]]:
     outputs = [p.communicate(timeout=180) for p in running]
     return [(p.returncode, *o) for p, o in zip(running, outputs, strict=True)]
 

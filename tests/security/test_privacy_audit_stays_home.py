@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,10 +30,8 @@ def test_the_audit_connects_to_no_one_and_writes_only_in_its_work_dir(tmp_path: 
     )
     args = ["--model", "small_cnn", "--cut", "conv1", "--train-steps", "2"]
     args += ["--decoder-steps", "3", "--batch-size", "16"]
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "-m", "hospital_agent", "privacy-audit", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
         timeout=120,
         cwd=ROOT,
         env=os.environ,

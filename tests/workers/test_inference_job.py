@@ -13,7 +13,6 @@ and nothing written; nothing trained (the job's server checkpoint is the same by
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -29,6 +28,7 @@ from medsplit.protocol.handoff import import_parties
 from medsplit.training.setup import client_parties, server_party
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
+from tests import zygote
 from tests.workers.agents import Agents, open_consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, workers_relay_user
 from training.models import InferenceRequest
@@ -60,23 +60,8 @@ def pngs(folder: Path, count: int) -> list[str]:
 
 
 def predict(env: dict[str, str], job: int, paths: list[str], out: Path):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hospital_agent",
-            "predict",
-            "--job",
-            str(job),
-            "--out",
-            str(out),
-            *paths,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    command = [sys.executable, "-m", "hospital_agent", "predict", "--job", str(job)]
+    return zygote.run([*command, "--out", str(out), *paths], env=env, timeout=180)
 
 
 def test_an_agent_predicts_through_the_split_as_the_whole_model_does(

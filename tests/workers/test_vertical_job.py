@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import csv
 import random
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -54,6 +53,7 @@ from medsplit.training.vertical_parts import (
 )
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
+from tests import zygote
 from tests.workers.agents import Agents, audit, consortium, small_job, wait_completed
 from tests.workers.processes import Processes, processes, wait_until, workers_relay_user
 from training.models import Evaluation, HandOff, HospitalEvaluation, LabelLeakage, Turn
@@ -127,13 +127,7 @@ def _write_table(
 
 def _predict(env: dict[str, str], job: int, ids: Path, out: Path):
     command = [sys.executable, "-m", "hospital_agent", "predict", "--job", str(job)]
-    return subprocess.run(
-        [*command, "--ids", str(ids), "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return zygote.run([*command, "--ids", str(ids), "--out", str(out)], env=env, timeout=180)
 
 
 def test_a_vertical_job_aligns_privately_and_equals_the_unsplit_model(
