@@ -48,8 +48,19 @@ clock):
   ``weights sealed`` lines (sealing its weights for each of the other ``n - 1``
   hospitals and recording each hand-off with the coordinator), which overlaps the next
   turn's pick-up.
+- the hand-over, per pair of consecutive turns of a job (across rounds too): from the
+  previous hospital's last training step answered to the next one's first step answered,
+  in phases (:func:`handover_phases`: the worker's end of the turn; the follow-up task and
+  the coordinator's state change; the next agent's long-poll answer; fetching and opening
+  the sealed hand-off; data and segment set-up; the handshake and first step), beside the
+  job's median step and their ratio; and the time from ``job_create`` to the first step
+  answered, on processes already warm (the warm-up job).
 - each agent's resident memory (``VmRSS`` and ``VmHWM`` of ``/proc/<pid>/status``) at
   the end.
+
+As a deployment runs them (``docker-compose.yml``), a scheduled job is sent to the worker
+at once (``MEDSPLIT_JOB_DISPATCHER=workers.dispatch.CeleryDispatcher``) and every process
+shares the run's Redis as its cache (``MEDSPLIT_CACHE_URL``: the long-polls' wake-up).
 
 Every process runs ``--threads`` torch threads (2; ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
 in each child, ``torch.set_num_threads`` in the worker). Jobs are numbered from a large
