@@ -1123,9 +1123,14 @@ class TurnTaker:
         (the first call, with ``""``, answers at once), at most until ``deadline`` and
         ``HANDOFF_POLL_SECONDS`` (so that a stop is heard); and the answer's ETag."""
         wait = max(0.0, min(HANDOFF_POLL_SECONDS, deadline - time.monotonic())) if etag else 0.0
-        fresh, etag = self.coordinator.assignments(wait=wait, etag=etag)
+        asked = time.monotonic()
+        fresh, answered = self.coordinator.assignments(wait=wait, etag=etag)
+        if wait and answered == etag and time.monotonic() - asked < wait / 2:
+            # Unchanged long before the wait ran out: the coordinator had no thread free to
+            # hold the poll (as in the agent's poll loop). Ask again a little later.
+            self.stopping.wait(min(1.0, wait))
         match = [a for a in fresh if a["job"] == assignment.job]
-        return (Assignment(match[0]) if match else None), etag
+        return (Assignment(match[0]) if match else None), answered
 
     def keep_final(self, assignment: Assignment) -> Path | None:
         """Once the job completed: store the final weights (sealed for this hospital by
