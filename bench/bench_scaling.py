@@ -48,8 +48,19 @@ clock):
   ``weights sealed`` lines (sealing its weights for each of the other ``n - 1``
   hospitals and recording each hand-off with the coordinator), which overlaps the next
   turn's pick-up.
+- the hand-over, per pair of consecutive turns of a job (across rounds too): from the
+  previous hospital's last training step answered to the next one's first step answered,
+  in phases (:func:`handover_phases`: the worker's end of the turn; the follow-up task and
+  the coordinator's state change; the next agent's long-poll answer; fetching and opening
+  the sealed hand-off; data and segment set-up; the handshake and first step), beside the
+  job's median step and their ratio; and the time from ``job_create`` to the first step
+  answered, on processes already warm (the warm-up job).
 - each agent's resident memory (``VmRSS`` and ``VmHWM`` of ``/proc/<pid>/status``) at
   the end.
+
+As a deployment runs them (``docker-compose.yml``), a scheduled job is sent to the worker
+at once (``MEDSPLIT_JOB_DISPATCHER=workers.dispatch.CeleryDispatcher``) and every process
+shares the run's Redis as its cache (``MEDSPLIT_CACHE_URL``: the long-polls' wake-up).
 
 Every process runs ``--threads`` torch threads (2; ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
 in each child, ``torch.set_num_threads`` in the worker). Jobs are numbered from a large
@@ -71,7 +82,7 @@ import shlex
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +166,8 @@ def write_parts(folder: Path, parts: int) -> tuple[list[Path], str]:
 # -- the agents' logs -----------------------------------------------------------------------
 
 _MY_TURN = re.compile(_STAMP + r"[^\r\n]*: job (\d+) round (\d+): my turn", re.M)
+_ASSIGNED = re.compile(_STAMP + r"[^\r\n]*: job (\d+) round (\d+): turn \d+ assigned", re.M)
+_READY = re.compile(_STAMP + r"[^\r\n]*: job (\d+) round (\d+): start state ready", re.M)
 _SEALED = re.compile(_STAMP + r"[^\r\n]*: job (\d+): weights sealed for (\d+) other", re.M)
 
 
@@ -164,8 +177,10 @@ def _when(text: str) -> datetime:
 
 
 def agent_turns(text: str) -> dict[tuple[int, int], dict[str, Any]]:
-    """Per (job, round) in an agent's log: its ``my turn``, ``turn done`` and ``weights
-    sealed`` times and its step stamps (seconds since the turn's progress bar began)."""
+    """Per (job, round) in an agent's log: its ``turn assigned``, ``start state ready``
+    (``None`` where the agent logs none), ``my turn``, ``turn done`` and ``weights sealed``
+    times and its step stamps (seconds since the turn's progress bar began, which is
+    made just after ``start state ready``)."""
     turns = list(_MY_TURN.finditer(text))
     bars = step_stamps(text)
     if len(bars) != len(turns):
@@ -177,7 +192,14 @@ def agent_turns(text: str) -> dict[tuple[int, int], dict[str, Any]]:
         done, sealed = _DONE.search(segment), _SEALED.search(segment)
         if done is None or sealed is None:
             raise RuntimeError(f"job {turn.group(2)} round {turn.group(3)}: turn not finished")
-        found[int(turn.group(2)), int(turn.group(3))] = {
+        key = int(turn.group(2)), int(turn.group(3))
+        # The last of each before "my turn" (a turn that could not start logs them again).
+        before = text[: turn.start()]
+        assigned = [m for m in _ASSIGNED.finditer(before) if (int(m[2]), int(m[3])) == key]
+        ready = [m for m in _READY.finditer(before) if (int(m[2]), int(m[3])) == key]
+        found[key] = {
+            "assigned": _when(assigned[-1].group(1)) if assigned else None,
+            "ready": _when(ready[-1].group(1)) if ready else None,
             "my_turn": _when(turn.group(1)),
             "done": _when(done.group(1)),
             "sealed": _when(sealed.group(1)),
@@ -217,6 +239,7 @@ def run_job(
     data["participants"] = [{"hospital": slug} for slug in slugs]
     data["rounds"] = rounds
     data["local_epochs"] = math.ceil(steps * args.batch_size / samples)
+    created = datetime.now(UTC)
     job = services.job_create(actor=admin, data=data)
     services.job_transition(job=job, to=JobState.SCHEDULED, actor=admin)
     log(f"{n} hospital(s): job {job.pk} scheduled ({data['rounds']} rounds); waiting")
@@ -263,6 +286,9 @@ def run_job(
             }
         )
     walls = [(r.finished_at - r.started_at).total_seconds() for r in rounds]
+    handovers = handover_phases(turns, [logs[t.round.index, t.position] for t in turns])
+    first = logs[turns[0].round.index, turns[0].position]
+    first_step = _answered(first, 0)
     return {
         "hospitals": n,
         "job": job.pk,
@@ -277,7 +303,63 @@ def run_job(
             if key != "recipients"
         },
         "turns_measured": len(phases),
+        "step_median_s": statistics.median(p["step_median_s"] for p in phases),
+        "handovers": handovers,
+        "handover": {key: statistics.median(h[key] for h in handovers) for key in handovers[0]}
+        if handovers
+        else {},
+        "create_to_first_step_s": (first_step - created).total_seconds()
+        if first_step is not None
+        else None,
     }
+
+
+def _answered(log_of: dict[str, Any], index: int) -> datetime | None:
+    """When the agent had training step ``index`` (0 the first, -1 the last) answered: the
+    progress bar's stamp after its start, ``start state ready`` (``None`` without it)."""
+    if log_of["ready"] is None or not log_of["stamps"]:
+        return None
+    return log_of["ready"] + timedelta(seconds=log_of["stamps"][index])
+
+
+#: The hand-over's phases, in order, as (key, title); they add up to the hand-over.
+HANDOVER_PHASES = [
+    ("turn_end_s", "turn's end at the worker"),
+    ("scheduling_s", "state change + follow-up task"),
+    ("long_poll_s", "next agent's long-poll answer"),
+    ("open_s", "hand-off fetched and opened"),
+    ("setup_s", "data and segments set up"),
+    ("handshake_s", "handshake and first step"),
+]
+
+
+def handover_phases(turns: list, logs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per pair of consecutive turns of a job (across rounds too), the hand-over from the
+    first's last training step answered to the second's first step answered, in phases:
+    to the first's ``finished_at`` (the worker's end of the turn: final snapshot, turn
+    completed); to the second's ``started_at`` (the worker's follow-up task advancing the
+    job, the coordinator's state change); to the second agent's ``turn assigned`` (its
+    long-poll answered); to its ``start state ready`` (waiting for the sealed hand-off,
+    fetching and opening it); to its ``my turn`` (data, split model, parties, client); to
+    its first step answered (the server's handshake, then one training step)."""
+    found = []
+    for (a, la), (b, lb) in zip(
+        zip(turns, logs, strict=True), list(zip(turns, logs, strict=True))[1:], strict=False
+    ):
+        last, first = _answered(la, -1), _answered(lb, 0)
+        if last is None or first is None or lb["assigned"] is None:
+            continue
+        phases = {
+            "turn_end_s": (a.finished_at - last).total_seconds(),
+            "scheduling_s": (b.started_at - a.finished_at).total_seconds(),
+            "long_poll_s": (lb["assigned"] - b.started_at).total_seconds(),
+            "open_s": (lb["ready"] - lb["assigned"]).total_seconds(),
+            "setup_s": (lb["my_turn"] - lb["ready"]).total_seconds(),
+            "handshake_s": (first - lb["my_turn"]).total_seconds(),
+        }
+        phases["total_s"] = (first - last).total_seconds()
+        found.append(phases)
+    return found
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -404,6 +486,41 @@ def markdown(result: dict[str, Any]) -> str:
             for p in [c["phases"]]
         ],
     )
+    handover = table(
+        [
+            "hospitals",
+            "hand-overs",
+            *(title for _, title in HANDOVER_PHASES),
+            "hand-over (median)",
+            "median step",
+            "hand-over / step (goal ≤ 5)",
+            "job created → first step",
+        ],
+        [
+            [
+                c["hospitals"],
+                len(c["handovers"]),
+                *(f"{h[key] * 1e3:.0f} ms" for key, _ in HANDOVER_PHASES),
+                f"**{h['total_s'] * 1e3:.0f} ms** ("
+                + "–".join(
+                    f"{v * 1e3:.0f}"
+                    for v in (
+                        min(x["total_s"] for x in c["handovers"]),
+                        max(x["total_s"] for x in c["handovers"]),
+                    )
+                )
+                + ")",
+                f"{c['step_median_s'] * 1e3:.1f} ms",
+                f"**{h['total_s'] / c['step_median_s']:.1f}**",
+                f"{c['create_to_first_step_s']:.2f} s"
+                if c["create_to_first_step_s"] is not None
+                else "—",
+            ]
+            for c in r["configurations"]
+            if c["handovers"]
+            for h in [c["handover"]]
+        ],
+    )
     load = ", ".join(f"{v:.1f}" for v in r["load_average"])
     notes = [
         f"`{r['command']}`: {r['model']} 1x28x28, batch {r['batch_size']}, "
@@ -417,9 +534,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{r['agent_hwm_bytes']['max'] / MiB:,.0f} MiB), "
         f"{r['agent_rss_bytes']['total'] / MiB:,.0f} MiB together; 1-minute load average "
         f"before and after each configuration: {load}.",
-        "Turn phases are means over the measured turns.",
+        "Turn phases are means over the measured turns; hand-over phases are medians "
+        "over the job's hand-overs (each phase's own median: they need not add up to the "
+        "median hand-over), with the hand-overs' range in brackets.",
     ]
-    return rounds + "\n\n" + turns + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    return rounds + "\n\n" + turns + "\n\n" + handover + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
 def show(result: dict[str, Any]) -> None:
@@ -430,7 +549,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tag, folder = new_run("scaling")
     queue = f"medsplit-bench-scaling-{tag}"
-    env = configure_platform(folder, args.redis_url, queue, args.threads)
+    # As a deployment runs it (docker-compose.yml): a job is sent to the worker when it
+    # is scheduled, not at the next sweep, and every process shares one cache (the
+    # long-polls' wake-up counter, training/api/long_poll.py).
+    extra = {
+        "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
+        "MEDSPLIT_CACHE_URL": args.redis_url,
+    }
+    env = configure_platform(folder, args.redis_url, queue, args.threads, extra)
     procs = Processes(folder, env, slug="")
     slugs: list[str] = []
     log(f"setting up in {folder} (queue {queue})")

@@ -197,6 +197,10 @@ VERTICAL_PASS_FAILURES = (
 )  # fmt: skip
 
 
+#: The longest a wait for the previous hospital's seal holds the coordinator's answer.
+HANDOFF_POLL_SECONDS = 2.0
+
+
 def job_folder(work_dir: Path, job: int) -> Path:
     """Where an agent keeps job ``job``'s states, snapshots and final weights."""
     return work_dir / "jobs" / f"job-{job}"
@@ -250,6 +254,8 @@ class TurnTaker:
     def take(self, assignment: Assignment) -> ClientOutcome | None:
         """Take the running turn of ``assignment``; ``None`` if it could not start."""
         turn = assignment.raw["turn"]
+        # The hand-over's phases are read off these lines (bench/bench_scaling.py).
+        logger.info("job %s round %s: turn %s assigned", assignment.job, turn["round"], turn["id"])
         try:
             # Before anything is built: only a mode this agent was configured with runs,
             # and only a factory model from a module it lists (nothing of it imported).
@@ -298,6 +304,7 @@ class TurnTaker:
                 return None
             if start is None:
                 return None
+        logger.info("job %s round %s: start state ready", job, turn["round"])
         folder = self.jobs_dir(job) / f"round-{turn['round']}-position-{ids.position}"
         bar = tqdm(total=None, desc=f"job {job} round {turn['round']}", unit="step", leave=False)
         reporter: LossReporter | None = None
@@ -924,13 +931,16 @@ class TurnTaker:
         if source["hospital"] == self.me:
             return (self.jobs_dir(assignment.job) / "state.safetensors").read_bytes()
         deadline = time.monotonic() + wait
+        etag = ""
         while source["ciphertext_sha256"] is None:  # the sender is still sealing
-            if time.monotonic() > deadline or self.stopping.wait(1.0):
+            if time.monotonic() > deadline or self.stopping.is_set():
                 logger.error(
                     "job %s: no hand-off from %s arrived", assignment.job, source["hospital"]
                 )
                 return None
-            fresh = self._fresh(assignment)
+            # Held by the coordinator until the assignments change (the hand-off recorded):
+            # the turn starts as soon as the seal is there, not at the next poll.
+            fresh, etag = self._fresh_when_changed(assignment, etag, deadline)
             if fresh is None or fresh.raw["handoff_from"] is None:
                 return None
             assignment, source = fresh, fresh.raw["handoff_from"]
@@ -1105,6 +1115,22 @@ class TurnTaker:
         fresh, _ = self.coordinator.assignments()
         match = [a for a in fresh if a["job"] == assignment.job]
         return Assignment(match[0]) if match else None
+
+    def _fresh_when_changed(
+        self, assignment: Assignment, etag: str, deadline: float
+    ) -> tuple[Assignment | None, str]:
+        """:meth:`_fresh`, long-polled: held until the assignments differ from ``etag``
+        (the first call, with ``""``, answers at once), at most until ``deadline`` and
+        ``HANDOFF_POLL_SECONDS`` (so that a stop is heard); and the answer's ETag."""
+        wait = max(0.0, min(HANDOFF_POLL_SECONDS, deadline - time.monotonic())) if etag else 0.0
+        asked = time.monotonic()
+        fresh, answered = self.coordinator.assignments(wait=wait, etag=etag)
+        if wait and answered == etag and time.monotonic() - asked < wait / 2:
+            # Unchanged long before the wait ran out: the coordinator had no thread free to
+            # hold the poll (as in the agent's poll loop). Ask again a little later.
+            self.stopping.wait(min(1.0, wait))
+        match = [a for a in fresh if a["job"] == assignment.job]
+        return (Assignment(match[0]) if match else None), answered
 
     def keep_final(self, assignment: Assignment) -> Path | None:
         """Once the job completed: store the final weights (sealed for this hospital by

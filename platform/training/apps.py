@@ -18,3 +18,27 @@ class TrainingAppConfig(AppConfig):
 
         load_extra_modes(settings.MEDSPLIT.get("EXTRA_MODES", ()))
         set_model_modules(settings.MEDSPLIT.get("MODEL_MODULES", ()), setting=MODEL_MODULES_SETTING)
+        _wake_long_polls_on_change()
+
+
+def _wake_long_polls_on_change() -> None:
+    """Every save or delete of what an agent's assignments are made of wakes the waiting
+    long-polls (training/api/long_poll.py), so that the next hospital hears of its turn
+    (or of the hand-off it waits for) within a cache read, not a rebuild interval."""
+    from django.db.models.signals import post_delete, post_save
+
+    from training import models
+    from training.api.long_poll import assignments_changed
+
+    for model in (
+        models.Job,
+        models.JobParticipant,
+        models.Round,
+        models.Turn,
+        models.HandOff,
+        models.Aggregation,
+        models.Evaluation,
+        models.HospitalEvaluation,
+    ):
+        for signal in (post_save, post_delete):
+            signal.connect(assignments_changed, sender=model, dispatch_uid=f"wake-{model.__name__}")

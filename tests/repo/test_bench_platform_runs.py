@@ -29,6 +29,8 @@ def test_step_stamps_take_the_first_print_of_each_step_per_turn() -> None:
 
 def test_agent_turns_read_times_and_stamps_per_job_and_round() -> None:
     log = (
+        "2026-11-30 09:59:59,000 INFO hospital_agent.turns: job 5 round 1: turn 9 assigned\n"
+        "2026-11-30 09:59:59,800 INFO hospital_agent.turns: job 5 round 1: start state ready\n"
         "\r@@step 0 0.000000@@2026-11-30 10:00:00,000 INFO hospital_agent.turns: "
         "job 5 round 1: my turn (2 training steps, 0 validation batches)\n"
         "\r@@step 1 0.500000@@\r@@step 2 0.900000@@\r2026-11-30 10:00:01,250 INFO "
@@ -41,6 +43,10 @@ def test_agent_turns_read_times_and_stamps_per_job_and_round() -> None:
     assert turn["stamps"] == [0.5, 0.9] and turn["recipients"] == 2
     assert (turn["sealed"] - turn["done"]).total_seconds() == 0.25
     assert turn["my_turn"] < datetime.now(UTC)  # aware, comparable with the database's times
+    assert (turn["ready"] - turn["assigned"]).total_seconds() == 0.8
+    assert (turn["my_turn"] - turn["ready"]).total_seconds() == 0.2
+    # The first step answered: the bar is made just after "start state ready".
+    assert (bench_scaling._answered(turn, 0) - turn["ready"]).total_seconds() == 0.5
 
 
 def test_overhead_markdown_shows_goal_and_a_model_that_does_not_run() -> None:
@@ -94,6 +100,7 @@ def test_scaling_markdown_shows_rounds_and_turn_phases() -> None:
         "scheduling_s": 0.2,
         "sealing_s": 0.05,
     }
+    handover = {key: 0.05 for key, _ in bench_scaling.HANDOVER_PHASES} | {"total_s": 0.3}
     configs = [
         {
             "hospitals": n,
@@ -103,6 +110,10 @@ def test_scaling_markdown_shows_rounds_and_turn_phases() -> None:
             "ratio_to_base": float(n),
             "ratio_per_hospital": 1.0,
             "phases": phases,
+            "step_median_s": 0.1,
+            "handovers": [handover, {**handover, "total_s": 0.9}],
+            "handover": handover,
+            "create_to_first_step_s": 2.5,
         }
         for n in (1, 3)
     ]
@@ -126,3 +137,4 @@ def test_scaling_markdown_shows_rounds_and_turn_phases() -> None:
     text = bench_scaling.markdown(result)
     assert report.today() in text and "bench/bench_scaling.py" in text
     assert "**3.00**" in text and "**1.00 s**" in text
+    assert "**300 ms** (300–900)" in text and "**3.0**" in text and "2.50 s" in text

@@ -9,22 +9,44 @@ taking every thread, so that people's requests (and agents' other calls) always 
 - **at most ``LONG_POLLS_PER_PROCESS`` waiting in each process**: beyond it, a poll is
   answered at once with what the agent would get at the end of its wait if nothing
   changed ("no change", the ETag it sent), and the agent polls again a little later.
+
+A waiting poll is woken when what its hospital is assigned may have changed: every save
+or delete of a job, its participants, rounds, turns, hand-offs, aggregations or
+evaluations bumps a counter per participant of the job in the shared cache (after the
+transaction commits; see :func:`assignments_changed`, connected in ``training/apps.py``;
+other hospitals' polls are not woken, so ten idle agents do not rebuild their answers at
+every step of someone else's job), which a waiting poll
+reads every :data:`WAKE_CHECK_SECONDS` (a cache read) and only then builds its answer
+again. Without a bump (a change made with ``QuerySet.update``, or the worker on another
+process with a per-process cache) the answer is still built again every
+:data:`REBUILD_SECONDS`, as before the counter existed: the counter only shortens waits.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import transaction
 
 from kernel.errors import TooManyRequests
 
 #: Extra seconds a token's slot outlives the longest wait: a request killed mid-wait
 #: frees its slot then, at the latest.
 _SLOT_SLACK_SECONDS = 30
+
+#: How often a waiting poll reads the change counter (one cache read): the hand-over to
+#: the next hospital waits for its long-poll's answer, so for at most this long.
+WAKE_CHECK_SECONDS = 0.02
+#: How often a waiting poll builds its answer again without any bump of the counter.
+REBUILD_SECONDS = 0.5
+_VERSION_KEY = "assignments:version"
+#: The counter lives an hour after its last bump; a missing one reads as 0 (a change).
+_VERSION_TTL_SECONDS = 3600
 
 
 class LongPollBusy(TooManyRequests):
@@ -81,3 +103,58 @@ def long_poll(*, token_id: object, wait: float) -> Iterator[float]:
             WAITING_ROOM.leave()
     finally:
         cache.delete(slot)
+
+
+def _version_key(hospital_id: int) -> str:
+    return f"assignments:version:{hospital_id}"
+
+
+def assignments_version(hospital_id: int) -> int:
+    """Hospital ``hospital_id``'s change counter now (0 where it is not set)."""
+    return int(cache.get(_version_key(hospital_id), 0))
+
+
+def wake_long_polls(hospital_ids: Iterable[int]) -> None:
+    """Bump these hospitals' change counters now: their waiting long-polls build their
+    answers again (those of other hospitals wait on, undisturbed)."""
+    for hospital_id in set(hospital_ids):
+        key = _version_key(hospital_id)
+        if cache.add(key, 1, timeout=_VERSION_TTL_SECONDS):
+            continue
+        try:
+            cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.add(key, 1, timeout=_VERSION_TTL_SECONDS)
+        cache.touch(key, _VERSION_TTL_SECONDS)
+
+
+def wake_job(job_id: int) -> None:
+    """Wake the waiting long-polls of job ``job_id``'s participants."""
+    from training.models import JobParticipant
+
+    wake_long_polls(
+        JobParticipant.objects.filter(job_id=job_id).values_list("hospital_id", flat=True)
+    )
+
+
+def assignments_changed(sender: type, instance: object, **_: object) -> None:
+    """A signal receiver for a saved or deleted job, or a row of one (with ``job_id``):
+    wake its participants' long-polls once the current transaction commits. Woken
+    before the commit, a poll would build the same answer again and wait on."""
+    from training.models import Job
+
+    job_id = instance.pk if isinstance(instance, Job) else getattr(instance, "job_id", None)
+    if job_id is not None:
+        transaction.on_commit(lambda: wake_job(job_id))
+
+
+def wait_for_change(hospital_id: int, seen: int, *, until: float) -> int:
+    """Wait until hospital ``hospital_id``'s change counter differs from ``seen``,
+    :data:`REBUILD_SECONDS` have passed, or the monotonic time ``until``; the counter's
+    value then."""
+    stop = min(until, time.monotonic() + REBUILD_SECONDS)
+    while True:
+        now = assignments_version(hospital_id)
+        if now != seen or time.monotonic() >= stop:
+            return now
+        time.sleep(max(0.0, min(WAKE_CHECK_SECONDS, stop - time.monotonic())))

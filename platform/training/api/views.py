@@ -29,7 +29,7 @@ from training import agent_services, selectors, services
 from training.aggregation import aggregation_submit
 from training.alignment import alignment_get, alignment_report, alignment_state
 from training.api.filters import JobFilter
-from training.api.long_poll import long_poll
+from training.api.long_poll import assignments_version, long_poll, wait_for_change
 from training.api.serializers import (
     AggregationSerializer,
     AlignmentStateSerializer,
@@ -407,7 +407,6 @@ def transition_view(target: JobState, summary: str):
 
 
 MAX_WAIT_SECONDS = 30.0
-_POLL_SECONDS = 0.5
 
 
 @extend_schema(tags=["agent"])
@@ -440,6 +439,10 @@ class AgentAssignmentListView(APIView):
         # it the answer comes at once, as if nothing changed (training/api/long_poll.py).
         with long_poll(token_id=getattr(request.auth, "pk", None), wait=wait) as granted:
             deadline = time.monotonic() + granted
+            # Read before the answer is built: a change committed while it is built is
+            # then seen as a change, and the answer built again.
+            hospital_id = actor.hospital.pk
+            seen = assignments_version(hospital_id) if granted else 0
             while True:
                 data = AssignmentSerializer(
                     selectors.agent_assignments(actor=actor),
@@ -451,7 +454,7 @@ class AgentAssignmentListView(APIView):
                 ).hexdigest()[:32]
                 if etag != known or time.monotonic() >= deadline:
                     break
-                time.sleep(_POLL_SECONDS)
+                seen = wait_for_change(hospital_id, seen, until=deadline)
         response = Response(data)
         response["ETag"] = etag
         return response

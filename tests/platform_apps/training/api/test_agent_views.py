@@ -4,6 +4,8 @@ long-poll, hand-off records and failed preconditions."""
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey
@@ -20,6 +22,12 @@ from medsplit.protocol.keys import (
 )
 from tests.platform_apps.training.api.test_views import error, jobs, started
 from training import services
+from training.api.long_poll import (
+    REBUILD_SECONDS,
+    assignments_version,
+    wait_for_change,
+    wake_long_polls,
+)
 from training.models import HandOff, Job, Turn
 
 __all__ = ["jobs"]
@@ -104,6 +112,48 @@ def test_the_long_poll_answers_at_once_when_something_changed(agent_a, jobs) -> 
         assert "wait" in error(
             agent_a.get("/api/agent/assignments/", {"wait": bad}), 400, "invalid"
         )
+
+
+def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
+    jobs, hospital_a, hospital_b, hospital_c, django_capture_on_commit_callbacks
+) -> None:
+    # jobs["ac"] is hospital a's and c's: b's polls are not woken by it.
+    before = {h.pk: assignments_version(h.pk) for h in (hospital_a, hospital_b, hospital_c)}
+    with django_capture_on_commit_callbacks(execute=False) as pending:
+        job = started(jobs["ac"])
+    now = {h: assignments_version(h) for h in before}
+    assert now == before  # not before the commit: nothing to see yet
+    assert pending
+    for callback in pending:
+        callback()
+    now = {h: assignments_version(h) for h in before}
+    assert now[hospital_a.pk] > before[hospital_a.pk] and now[hospital_c.pk] > before[hospital_c.pk]
+    assert now[hospital_b.pk] == before[hospital_b.pk]
+    with django_capture_on_commit_callbacks(execute=True):
+        Turn.objects.filter(job=job).first().save()
+    assert assignments_version(hospital_a.pk) == now[hospital_a.pk] + 1
+
+
+def test_a_waiting_long_poll_wakes_on_a_bump_and_rebuilds_without_one() -> None:
+    hospital = 10**9  # a counter of its own
+    seen = assignments_version(hospital)
+    began = time.monotonic()
+    # No bump: back after the rebuild interval.
+    assert wait_for_change(hospital, seen, until=began + 30) == seen
+    assert REBUILD_SECONDS <= time.monotonic() - began < REBUILD_SECONDS + 0.3
+    bump = threading.Timer(0.05, wake_long_polls, args=([hospital],))
+    began = time.monotonic()
+    bump.start()
+    try:
+        assert wait_for_change(hospital, seen, until=began + 30) != seen
+    finally:
+        bump.join()
+    assert time.monotonic() - began < REBUILD_SECONDS / 2  # woken, not rebuilt
+    wake_long_polls([hospital + 1])  # another hospital's bump does not wake it
+    began = time.monotonic()
+    now = assignments_version(hospital)
+    assert wait_for_change(hospital, now, until=began + 0.1) == now
+    assert time.monotonic() - began < 0.3  # the poll's own deadline first
 
 
 def test_finished_jobs_stay_visible_so_agents_fetch_the_final_weights(agent_a, jobs) -> None:
