@@ -40,7 +40,7 @@ from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths
 from medsplit.protocol.keys import fingerprint, format_fingerprint
-from medsplit.runtime import keep_freed_memory, set_deterministic
+from medsplit.runtime import keep_freed_memory, release_freed_memory, set_deterministic
 
 logger = logging.getLogger(__name__)
 #: Seconds between polls the coordinator answered at once without a change (it was
@@ -153,6 +153,9 @@ class Agent:
                 if self.stopping.is_set():
                     break
                 self._handle(taker, Assignment(raw))
+                # What the turn freed goes back to the system between turns (the steps
+                # inside a turn keep reusing their pages).
+                release_freed_memory()
             if etag == known and time.monotonic() - asked < self.config.poll_seconds / 2:
                 # Unchanged long before the wait ran out: the coordinator had no thread
                 # free to hold the poll. Ask again a little later, not at once.
@@ -221,6 +224,7 @@ class Agent:
             self.summary, self.data_problem = None, str(e)
             self.status = DATA_PROBLEM
             return
+        release_freed_memory()  # the check's temporaries; the turn loads its own copy
         if self.data_problem:
             logger.info("the local data can be used again")
             self.status = "idle"
