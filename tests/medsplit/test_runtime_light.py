@@ -78,3 +78,25 @@ print(json.dumps({"neighbours": "sklearn.neighbors" in sys.modules}))
 """
     )
     assert result == {"neighbours": False}
+
+
+def test_release_freed_memory_gives_kept_pages_back() -> None:
+    result = _probe(
+        """
+import json
+from medsplit.runtime import keep_freed_memory, release_freed_memory
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) * 1024
+
+applied = keep_freed_memory().applied
+blocks = [bytearray(b"x" * (1 << 20)) for _ in range(64)]  # 64 MiB in heap chunks
+del blocks
+kept = rss()
+released = release_freed_memory()
+print(json.dumps({"applied": applied, "released": released, "drop": kept - rss()}))
+"""
+    )
+    assert result["applied"] and result["released"]
+    assert result["drop"] > 32 << 20  # most of the 64 MiB freed went back
