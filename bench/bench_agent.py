@@ -56,6 +56,7 @@ Nothing here asserts on time or memory.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -95,6 +96,10 @@ from platform_setup import (
 from report import table, today
 
 GOAL_MIB = 1024.0
+#: Issue 26: the agent's peak resident memory over the bare script's, and its start-up to
+#: first heartbeat over the bare script's import time.
+MEMORY_TARGET = 1.05
+STARTUP_TARGET = 1.5
 KiB = 1024
 
 
@@ -112,6 +117,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the agent's validation split (default 0: training steps only)",
     )
     parser.add_argument("--sample-ms", type=float, default=50.0, help="VmRSS sampling")
+    parser.add_argument(
+        "--bare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run bench/bare_front.py (the same front, steps and batch in a bare "
+        "script) just before the agent starts, for the memory and start-up ratios",
+    )
+    parser.add_argument(
+        "--keep-freed-memory",
+        choices=["default", "0", "1"],
+        default="default",
+        help="the agent's MEDSPLIT_KEEP_FREED_MEMORY (default: the agent's own default)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the turn")
     add_run_args(parser)
     return parser.parse_args(argv)
@@ -179,14 +197,16 @@ class Processes:
         return "\n".join(f"----- {n} -----\n{self.text(n)[-chars:]}" for n in self.started)
 
 
-def wait_until(what: str, predicate, timeout: float, processes: Processes) -> Any:
+def wait_until(
+    what: str, predicate, timeout: float, processes: Processes, every: float = 0.2
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         processes.check_alive()
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(every)
     raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}\n{processes.tails()}")
 
 
@@ -240,6 +260,34 @@ class RssSampler(threading.Thread):
     def stop(self) -> None:
         self.halt.set()
         self.join(5)
+
+
+def run_bare(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """``bench/bare_front.py`` for the same model, input, batch and steps, as a child
+    with the agent's thread settings; its JSON line."""
+    command = [
+        sys.executable,
+        str(REPO / "bench" / "bare_front.py"),
+        "--model",
+        args.model,
+        "--input-shape",
+        args.input_shape,
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--threads",
+        str(args.threads),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"bare_front.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    log(
+        f"bare script: imports {result['import_s']:.1f} s, VmHWM {mib(result['vm_hwm'])}, "
+        f"wall {result['wall_s']:.1f} s"
+    )
+    return result
 
 
 # -- the coordinator's side -----------------------------------------------------------------
@@ -354,6 +402,11 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
     )
     wait_until("the coordinator to answer", lambda: answers(url + "/"), 120, procs)
     log(f"coordinator at {url}")
+    # The worker's start (building torch and MONAI) is over before the bare script and
+    # the agent start, so neither competes with it for the CPUs.
+    wait_until("the worker to be ready", lambda: WORKER_READY in procs.text("worker"), 180, procs)
+    log("worker ready")
+    bare = run_bare(args, env) if args.bare else None
     agent_env = {
         **env,
         "MEDSPLIT_AGENT_COORDINATOR_URL": url,
@@ -369,6 +422,9 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
         "MEDSPLIT_AGENT_HEARTBEAT_SECONDS": "1",
         "MEDSPLIT_AGENT_REPLY_TIMEOUT": "300",
     }
+    if args.keep_freed_memory != "default":
+        agent_env["MEDSPLIT_KEEP_FREED_MEMORY"] = args.keep_freed_memory
+    agent_started = time.monotonic()
     agent_pid = procs.start("agent", [sys.executable, "-m", "hospital_agent", "run"], agent_env)
     sampler = RssSampler(agent_pid, args.sample_ms / 1000)
     sampler.start()
@@ -381,10 +437,12 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
         ),
         180,
         procs,
+        every=0.05,
     )
-    log(f"agent (pid {agent_pid}) enrolled as {slug} and reported its data")
-    wait_until("the worker to be ready", lambda: WORKER_READY in procs.text("worker"), 180, procs)
-    log("worker ready")
+    # The dataset summary arrives with the agent's first heartbeat: start-up (imports,
+    # enrolment, identity, data check) to first heartbeat, polled every 50 ms.
+    first_heartbeat_s = time.monotonic() - agent_started
+    log(f"agent (pid {agent_pid}) enrolled as {slug}; first heartbeat {first_heartbeat_s:.1f} s")
     time.sleep(2.0)  # the agent's idle resident memory, after its first polls
     idle_from = time.monotonic() - 1.5
     job = create_job(args, admin, slug, tag)
@@ -447,6 +505,13 @@ def bench(args: argparse.Namespace, env: dict[str, str], procs: Processes, tag: 
         "cpus": os.cpu_count(),
         "goal_mib": GOAL_MIB,
         "goal_met": status.get("VmHWM", 1 << 62) / (1 << 20) < GOAL_MIB,
+        "keep_freed_memory": args.keep_freed_memory,
+        "first_heartbeat_s": first_heartbeat_s,
+        "bare": bare,
+        # Issue 26's targets: the agent's peak at most 1.05 x the bare script's, and its
+        # start-up to first heartbeat at most 1.5 x the bare script's import time.
+        "memory_ratio": (status["VmHWM"] / bare["vm_hwm"]) if bare and "VmHWM" in status else None,
+        "startup_ratio": (first_heartbeat_s / bare["import_s"]) if bare else None,
     }
 
 
@@ -490,6 +555,17 @@ def show(r: dict[str, Any]) -> None:
     ]
     for name, value in rows:
         print(f"  {name:<44} {value:>16}")
+    if r["bare"]:
+        b = r["bare"]
+        print(
+            f"  bare script (bench/bare_front.py): imports {b['import_s']:.2f} s, VmRSS after "
+            f"imports {mib(b['rss_after_import'])}, VmHWM {mib(b['vm_hwm'])}"
+        )
+        print(
+            f"  agent / bare VmHWM: {r['memory_ratio']:.3f} (target <= {MEMORY_TARGET}); "
+            f"agent first heartbeat {r['first_heartbeat_s']:.2f} s / bare imports: "
+            f"{r['startup_ratio']:.2f} (target <= {STARTUP_TARGET})"
+        )
     verdict = "met" if r["goal_met"] else "NOT met"
     print(f"  peak under {r['goal_mib']:g} MiB (1 GiB): {verdict}")
 

@@ -12,7 +12,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import torch
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey
 
 from hospital_agent import __version__
@@ -41,7 +40,7 @@ from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths
 from medsplit.protocol.keys import fingerprint, format_fingerprint
-from medsplit.runtime import keep_freed_memory
+from medsplit.runtime import keep_freed_memory, release_freed_memory, set_deterministic
 
 logger = logging.getLogger(__name__)
 #: Seconds between polls the coordinator answered at once without a change (it was
@@ -154,6 +153,9 @@ class Agent:
                 if self.stopping.is_set():
                     break
                 self._handle(taker, Assignment(raw))
+                # What the turn freed goes back to the system between turns (the steps
+                # inside a turn keep reusing their pages).
+                release_freed_memory()
             if etag == known and time.monotonic() - asked < self.config.poll_seconds / 2:
                 # Unchanged long before the wait ran out: the coordinator had no thread
                 # free to hold the poll. Ask again a little later, not at once.
@@ -222,6 +224,7 @@ class Agent:
             self.summary, self.data_problem = None, str(e)
             self.status = DATA_PROBLEM
             return
+        release_freed_memory()  # the check's temporaries; the turn loads its own copy
         if self.data_problem:
             logger.info("the local data can be used again")
             self.status = "idle"
@@ -297,10 +300,12 @@ def _owes_submission(raw: dict, me: str) -> bool:
 def use_deterministic_kernels(on: bool) -> None:
     """Deterministic kernels only, as the workers use (``MEDSPLIT_DETERMINISTIC``), so a
     job's weights equal unsplit training bit for bit on cuda too (invariant 1). cuBLAS needs
-    its workspace set before CUDA starts, hence the variable, set first."""
+    its workspace set before CUDA starts, hence the variable, set first. Set without
+    importing TorchInductor (``medsplit.runtime.set_deterministic``): the agent never
+    compiles, and that import alone was 70 MiB of its resident memory."""
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(on)
+    set_deterministic(on)
 
 
 class ChainWitness:

@@ -111,14 +111,16 @@ def split_model(
     traced = trace_modes(model, inputs, tracer=tracer)
     batch = inputs[0].shape[0]
     train, evaluation = traced.graphs[True], traced.graphs[False]
-    profiles = {True: profile_graph(train, inputs)}
+    # Only shapes: cutting needs no FLOPs (the cut table counts its own), and counting
+    # them runs a dispatch mode whose first use imports torch._dynamo (sympy and all,
+    # about 70 MiB resident in every process that splits a model, and seconds).
+    profiles = {True: profile_graph(train, inputs, flops=False)}
     plans = {
         True: plan_split(train, names, profiles[True], model_name=model_name, batch_size=batch)
     }
     if evaluation is train:
         profiles[False], plans[False] = profiles[True], plans[True]
     else:
-        # Only shapes: the cut table prices the training graph.
         profiles[False] = profile_graph(evaluation, inputs, flops=False)
         plans[False] = plan_split(
             evaluation, names, profiles[False], model_name=model_name, batch_size=batch

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.neighbors import LocalOutlierFactor
-from sklearn.preprocessing import StandardScaler
 
 from medsplit.errors import ConfigError, MedSplitError
 
@@ -158,6 +156,11 @@ class SplitOutDetector:
                 f"the detector has {honest.shape[0]} honest steps, so neighbours must be in "
                 f"[1, {honest.shape[0] - 1}], got {neighbours}"
             )
+        # Imported here: only a job with hijack detection on fits a detector, and
+        # scikit-learn's neighbours module is resident memory every agent would carry.
+        from sklearn.neighbors import LocalOutlierFactor
+        from sklearn.preprocessing import StandardScaler
+
         self.scaler = StandardScaler().fit(honest)
         self.lof = LocalOutlierFactor(n_neighbors=k, novelty=True)
         self.lof.fit(self.scaler.transform(honest))
