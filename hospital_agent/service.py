@@ -40,7 +40,12 @@ from medsplit.errors import ConfigError, MedSplitError
 from medsplit.models import set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths
 from medsplit.protocol.keys import fingerprint, format_fingerprint
-from medsplit.runtime import keep_freed_memory, release_freed_memory, set_deterministic
+from medsplit.runtime import (
+    freeze_start_up,
+    keep_freed_memory,
+    release_freed_memory,
+    set_deterministic,
+)
 
 logger = logging.getLogger(__name__)
 #: Seconds between polls the coordinator answered at once without a change (it was
@@ -94,6 +99,7 @@ class Agent:
         self.config.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         use_deterministic_kernels(self.config.deterministic)
         keep_freed_memory()  # a step's buffers reuse the last step's pages (medsplit.runtime)
+        freeze_start_up()  # its imports are never walked again, at exit neither
         # This agent's own configuration is the only place new mode or model code comes
         # from (a factory model's module is imported only when listed here).
         load_extra_modes(mode_paths(self.config.extra_modes))

@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from celery import Celery, signals  # noqa: E402
 
 from medsplit.channel.keys import RelayKeys  # noqa: E402
-from medsplit.runtime import keep_freed_memory  # noqa: E402
+from medsplit.runtime import freeze_start_up, keep_freed_memory  # noqa: E402
 from workers import metrics  # noqa: E402
 from workers.queue_heartbeat import QueueHeartbeat  # noqa: E402
 
@@ -61,8 +61,10 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 @signals.worker_process_init.connect
 def prepare_torch(**_: object) -> None:
     """Deterministic kernels, so a job's weights equal unsplit training (invariant 1); a
-    step's buffers reuse the last step's pages (``medsplit.runtime``)."""
+    step's buffers reuse the last step's pages, and the start-up objects are out of the
+    collector's walks (``medsplit.runtime``)."""
     keep_freed_memory()
+    freeze_start_up()
     if settings.MEDSPLIT["DETERMINISTIC"]:
         torch.use_deterministic_algorithms(True)
 
