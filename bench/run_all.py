@@ -82,6 +82,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_cluster", 1, ("--streams", "64"), ("--seconds", "1", "--streams", "2")),
     Benchmark("bench_runtime", 2, (), ("--steps", "10", "--memory-steps", "300")),
     Benchmark("bench_agent", 0.6, (), ("--steps", "10")),
+    # About 15 s when quiet (2026-12-03).
+    Benchmark("bench_exit", 0.3, (), ("--repeats", "1")),
     Benchmark("bench_faults", 12, (), ("--faults", "none", "relay_mid_step")),
     Benchmark("bench_secagg", 0.5, (), ("--repeats", "3", "--parameters", "262144")),
     Benchmark("bench_psi", 3, ("--gcs",), ("--sizes", "1000", "10000")),
