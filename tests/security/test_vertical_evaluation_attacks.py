@@ -26,10 +26,22 @@ from tests.medsplit.vertical_eval_harness import (
     aligned_test_records,
     run_evaluation,
     snapshot,
+    unsplit_logits,
     vertical_setup,
 )
 
 OTHER_ORDER = alignment_scalars(hashlib.sha256(b"another order").hexdigest(), 37)
+
+
+def send_forged(channel: Channel, party: dict, *, position: int) -> None:
+    """The hostile party slips in a first test batch as if from ``position``: huge
+    activations that would show in every logit if they were joined."""
+    meta = party["ids"].at(0).meta(FrameKind.EVAL_ACTIVATIONS, "vertical", "none")
+    forged = Frame(
+        type(meta)(**{**meta.__dict__, "position": position}),
+        {"pool1": torch.full((16, 16, 14, 14), 1e6), **alignment_scalars("00" * 32, 37)},
+    )
+    channel.send(party["streams"].up, encode_frame(forged))
 
 
 class Tampering(Channel):
@@ -123,13 +135,7 @@ def test_a_frame_of_another_turn_is_dropped_unused(redis_url: str) -> None:
 
     def hostile(**kwargs):
         if not stranger["done"]:
-            ids = kwargs["ids"]
-            meta = ids.at(0).meta(FrameKind.EVAL_ACTIVATIONS, "vertical", "none")
-            forged = Frame(
-                type(meta)(**{**meta.__dict__, "position": 5}),
-                {"pool1": torch.full((16, 16, 14, 14), 1e6), **alignment_scalars("00" * 32, 37)},
-            )
-            channel.send(kwargs["streams"].up, encode_frame(forged))
+            send_forged(channel, kwargs, position=5)
             stranger["done"] = True
         return evaluate_vertical_party(**kwargs)
 
@@ -196,12 +202,7 @@ def test_a_forged_prediction_frame_for_another_position_is_dropped(redis_url: st
     channel = RedisChannel(redis_url)
 
     def hostile(**kwargs):
-        meta = kwargs["ids"].at(0).meta(FrameKind.EVAL_ACTIVATIONS, "vertical", "none")
-        forged = Frame(
-            type(meta)(**{**meta.__dict__, "position": 0}),
-            {"pool1": torch.full((16, 16, 14, 14), 1e6), **alignment_scalars("00" * 32, 37)},
-        )
-        channel.send(kwargs["streams"].up, encode_frame(forged))
+        send_forged(channel, kwargs, position=0)
         return evaluate_vertical_party(**kwargs)
 
     run = run_evaluation(
@@ -219,6 +220,4 @@ def test_a_forged_prediction_frame_for_another_position_is_dropped(redis_url: st
     )
     assert not run.errors and run.served is not None and run.served.predicted
     assert run.served.counters["h2"].dropped == 1
-    from tests.medsplit.vertical_eval_harness import unsplit_logits
-
     assert torch.equal(run.outcomes["h1"].logits, unsplit_logits(model, parties, features))

@@ -106,7 +106,7 @@ def long_poll(*, token_id: object, wait: float) -> Iterator[float]:
 
 
 def _version_key(hospital_id: int) -> str:
-    return f"assignments:version:{hospital_id}"
+    return f"{_VERSION_KEY}:{hospital_id}"
 
 
 def assignments_version(hospital_id: int) -> int:
