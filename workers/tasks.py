@@ -90,7 +90,7 @@ def run_turn(turn_id: int) -> str:
         return outcome
     result = turn_runner.run(turn_id, runner=runner)
     if result.advance:
-        _advance_after_turn(result.job_id)
+        advance_job.delay(result.job_id)
     if result.retry_in is not None:
         # The same attempt again, after the database, the relay or the storage came back.
         _send_turn(turn_id, countdown=result.retry_in)
@@ -142,24 +142,6 @@ def sweep() -> None:
     except (redis.RedisError, RelayProvisioningFailed) as e:
         # The relay being away is the turns' problem, reported there; the next sweep checks.
         logger.warning("relay check skipped: %s", e)
-
-
-def _advance_after_turn(job_id: int) -> None:
-    """Move the job on after one of its turns ended. Where turns share the scheduler's
-    queue, here and now: the next hospital's turn starts without a trip through the
-    broker (behind which a sweep may wait) first; :func:`advance_job` is safe to run
-    twice, and a failure here leaves it to the task, then to the sweep. Where turns have
-    a queue of their own (``MEDSPLIT_CELERY_TURN_QUEUE``), scheduling stays with the
-    scheduler's workers, as a task."""
-    turns_queue = settings.CELERY_TASK_ROUTES["medsplit.run_turn"]["queue"]
-    if turns_queue != settings.CELERY_TASK_DEFAULT_QUEUE:
-        advance_job.delay(job_id)
-        return
-    try:
-        advance_job.run(job_id)
-    except Exception:  # whatever it was, the task on the scheduler's queue tries again
-        logger.warning("job %s: moving it on here failed; sending it", job_id, exc_info=True)
-        advance_job.delay(job_id)
 
 
 def _send_turn(turn_id: int, *, countdown: float = 0.0) -> None:
