@@ -65,6 +65,12 @@ MiB = 1 << 20
 SEQ_SUFFIX = ":seq"
 
 _FIELDS = (b"s", b"m", b"i", b"n", b"d")
+#: Every stream's readers share one consumer group and one consumer name: the group
+#: records what was delivered as it delivers it, so no later reader gets it again.
+GROUP = "medsplit"
+CONSUMER = "reader"
+#: How Redis says a stream's group is gone (the stream deleted, under a blocked read too).
+_GROUP_GONE = ("NOGROUP", "UNBLOCKED")
 #: Arguments longer than this go to the socket on their own, uncopied (redis-py's own cutoff).
 _PACK_CUTOFF = 6000
 
@@ -166,8 +172,12 @@ class RedisChannel(Channel):
             self.address = "cluster " + ",".join(sorted(n.name for n in nodes))
         #: The pool each borrowed connection goes back to (a cluster has one per node).
         self._pools: dict[int, redis.ConnectionPool] = {}
-        self._last_id: dict[str, bytes] = {}
+        #: Streams whose group this reader made sure of, and where it read up to.
+        self._attached: set[str] = set()
         self._last_seq: dict[str, int] = {}
+        #: Per stream, the entries of the message taken last and the number read up to:
+        #: deleted and recorded with the next read (or at ``close``).
+        self._uncommitted: dict[str, tuple[list[bytes], int]] = {}
         self._sent: dict[str, int] = {}
         self._held: dict[str, bytes] = {}
         self.bytes_sent: defaultdict[str, int] = defaultdict(int)
@@ -258,34 +268,132 @@ class RedisChannel(Channel):
         if stream in self._held:
             return self._held.pop(stream)
         while True:
-            last_id = self._last_id.get(stream, b"0-0")
             conn = self._connection("receiving from", stream)
             healthy = False
             try:
-                entries = self._read(conn, stream, last_id, deadline - time.monotonic())
-                if entries:
-                    self._last_id[stream] = entries[-1][0]
-                    last = entries[-1][1].get(b"s", b"")
-                    last = last if last.isdigit() else b""  # a garbled one is reported below
-                    ids = [entry_id for entry_id, _ in entries]
-                    prev, now, deleted = self._commit(conn, stream, last, ids)
+                if stream not in self._attached:
+                    self._attach(conn, stream)
+                entries, held = self._take(conn, stream, deadline - time.monotonic())
                 healthy = True
             except redis.RedisError as e:
                 raise self._error("receiving from", stream, e) from e
             finally:
                 self._release(conn, healthy)
             if entries:
-                if deleted != len(ids):
-                    self._last_seq.pop(stream, None)
-                    raise ChannelError(
-                        f"entries of stream {stream!r} were taken by another reader "
-                        "while this one read them"
-                    )
-                return self._accept(stream, prev, now, entries)
-            if time.monotonic() >= deadline:
+                return self._accept(stream, entries, held)
+            if stream in self._attached and time.monotonic() >= deadline:
                 raise ChannelTimeout(f"no frame on stream {stream!r} within {timeout:g} s")
 
-    def _accept(self, stream: str, read_before: int, read_now: int, entries: list) -> bytes:  # type: ignore[type-arg]
+    def _attach(self, conn: redis.Connection, stream: str) -> None:
+        """Make sure ``stream`` has its readers' group, and learn where its last reader
+        stopped: the ``read`` counter, or further on, the message that reader took last and
+        had not yet deleted (still pending in the group)."""
+        counter = stream + SEQ_SUFFIX
+        conn.send_packed_command(
+            _pack(
+                [
+                    ("XGROUP", "CREATE", stream, GROUP, "0", "MKSTREAM"),
+                    ("HGET", counter, "read"),
+                    ("XPENDING", stream, GROUP),
+                ]
+            )
+        )
+        replies = _replies(conn, 3)
+        created, read, pending = replies
+        if isinstance(created, Exception) and not str(created).startswith("BUSYGROUP"):
+            raise created
+        for reply in (read, pending):
+            if isinstance(reply, Exception):
+                raise reply
+        position = int(read) if isinstance(read, bytes) and read.isdigit() else 0
+        taken: list[bytes] = []
+        if pending and int(pending[0] or 0) > 0:  # type: ignore[index]
+            conn.send_command("XRANGE", stream, pending[1], pending[2])  # type: ignore[index]
+            for entry_id, fields in _entries(conn.read_response()):
+                taken.append(entry_id)
+                seq = fields.get(b"s", b"")
+                if seq.isdigit():
+                    position = max(position, int(seq))
+        if taken:  # consumed by that reader: deleted with this reader's next read
+            self._uncommitted[stream] = (taken, position)
+        # A reader that was attached before (the group went with a relay restart or a
+        # reset) keeps its own place: the numbering shows whether frames were lost.
+        self._last_seq.setdefault(stream, position)
+        self._attached.add(stream)
+
+    def _take(
+        self, conn: redis.Connection, stream: str, seconds: float
+    ) -> tuple[list[tuple[bytes, dict[bytes, bytes]]], int | None]:
+        """The next message's entries, taken for this reader's group, waiting at most
+        ``seconds``; and what the stream held besides them (``max_backlog_bytes`` set).
+
+        One write: the delete-and-record of the message taken last (lazily: the group
+        already records it as delivered, so no later reader gets it again), one
+        ``XREADGROUP`` (``BLOCK``) that takes the first entry or waits for it, and the
+        stream's ``MEMORY USAGE`` right after it. A message of several chunks takes the
+        rest with one more ``XREADGROUP`` (as many as its first entry says). The wait is
+        kept on the socket too: a Redis that neither answers nor times the ``BLOCK`` out
+        is an error, never a reader held past its timeout.
+        """
+        counter = stream + SEQ_SUFFIX
+        commands: list[tuple[object, ...]] = []
+        done = self._uncommitted.get(stream)
+        if done is not None:
+            ids, position = done
+            if ids:
+                commands += [("XACK", stream, GROUP, *ids), ("XDEL", stream, *ids)]
+            commands.append(("HSET", counter, "read", position))
+        block = ("BLOCK", max(1, int(seconds * 1000))) if seconds > 0 else ()
+        read = ("XREADGROUP", "GROUP", GROUP, CONSUMER, "COUNT", 1, *block, "STREAMS", stream)
+        commands.append((*read, ">"))
+        if self.max_backlog_bytes is not None:
+            commands.append(("MEMORY", "USAGE", stream, "SAMPLES", 0))
+        conn.send_packed_command(_pack(commands))
+        for reply in _replies(conn, len(commands) - 1 - (self.max_backlog_bytes is not None)):
+            # A lost group fails the read too (below); anything else is refused outright.
+            if isinstance(reply, Exception) and not str(reply).startswith(_GROUP_GONE):
+                raise reply
+        self._uncommitted.pop(stream, None)
+        if seconds > 0 and not conn.can_read(timeout=seconds + 0.25):
+            raise redis.TimeoutError(f"no answer to XREADGROUP BLOCK within {seconds + 0.25:g} s")
+        taken, *memory = _replies(conn, 1 + (self.max_backlog_bytes is not None))
+        if isinstance(taken, redis.ResponseError) and str(taken).startswith(_GROUP_GONE):
+            # The stream was deleted under its group: a relay restarted without its data,
+            # or a reset. Attach again; what went missing shows in the numbering.
+            logger.warning(
+                "stream %r on Redis at %s lost its readers' group (%s); attaching again",
+                stream,
+                self.address,
+                taken,
+            )
+            self._attached.discard(stream)
+            return [], None
+        for reply in (taken, *memory):
+            if isinstance(reply, Exception):
+                raise reply
+        entries = _stream_entries(taken)
+        if not entries:
+            return [], None
+        count = entries[0][1].get(b"n", b"1")
+        n = int(count) if count.isdigit() else 1
+        try:
+            self._check_size(stream, n, len(entries[0][1].get(b"d", b"")))
+            if 1 < n <= self.max_stream_len:
+                conn.send_command(*read[:5], n - 1, "STREAMS", stream, ">")
+                entries += _stream_entries(conn.read_response())
+        finally:
+            # Delivered to this group whatever follows: deleted with the next read.
+            last = entries[-1][1].get(b"s", b"")
+            position = int(last) if last.isdigit() else self._last_seq.get(stream, 0)
+            self._uncommitted[stream] = ([entry_id for entry_id, _ in entries], position)
+        if not memory:
+            return entries, None
+        besides = int(memory[0] or 0) - sum(len(f.get(b"d", b"")) for _, f in entries)
+        return entries, besides
+
+    def _accept(
+        self, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]], held: int | None
+    ) -> bytes:
         """Check that ``entries`` continue what this reader last read, and join them.
 
         When frames were lost before them (trimmed, taken by another reader, gone with a
@@ -294,33 +402,29 @@ class RedisChannel(Channel):
         counting from numbers the relay no longer holds): entries are deleted once read,
         so one still on the stream was never delivered, and it is new.
         """
-        mine = self._last_seq.get(stream, read_before)
-        self._last_seq[stream] = read_now
+        bound = self.max_backlog_bytes
+        if held is not None and bound is not None and held > bound:
+            raise RelayAbuse(
+                f"stream {stream!r} still holds {held} bytes once a message is taken, more "
+                f"than this job allows ({bound}): its sender is flooding it",
+                stream=stream,
+            )
+        mine = self._last_seq.get(stream, 0)
+        self._last_seq[stream] = self._uncommitted[stream][1]
         first = _parse(stream, *entries[0])[0]
         lost = None
-        if read_before > mine:
+        if first > mine + 1:
             lost = (
-                f"entries {mine + 1}..{read_before} of stream {stream!r} were taken by "
-                "another reader (or by a receive whose reply was lost)"
+                f"entries {mine + 1}..{first - 1} are gone from stream {stream!r}: trimmed "
+                "before they were read (the reader fell more than max_stream_len entries "
+                "behind), taken by another reader, numbered by a sender that failed before "
+                "appending them, or lost with a relay that restarted without its data"
             )
-        elif read_before < mine:
+        elif first <= mine:
             lost = (
-                f"the counters of stream {stream!r} went back from entry {mine} to "
-                f"{read_before} (the relay restarted without its data, or the stream was "
-                f"reset): frames sent after entry {mine} may be lost"
-            )
-        elif first > read_before + 1:
-            lost = (
-                f"frames on stream {stream!r} were trimmed before they were read: entries "
-                f"{read_before + 1}..{first - 1} are gone (the reader fell more than "
-                "max_stream_len entries behind, a sender failed between numbering and "
-                "appending, or the relay restarted without its data)"
-            )
-        elif first <= read_before:
-            lost = (
-                f"entry {first} on stream {stream!r} is out of order: entry "
-                f"{read_before + 1} was expected (its sender counted from numbers the relay "
-                "no longer held: a restart or a reset); frames may be lost"
+                f"entry {first} on stream {stream!r} is out of order: entry {mine + 1} was "
+                "expected (its sender counted from numbers the relay no longer held: a "
+                "restart or a reset); frames may be lost"
             )
         if self.max_message_bytes is not None:
             sizes = [len(fields.get(b"d", b"")) for _, fields in entries]
@@ -355,10 +459,25 @@ class RedisChannel(Channel):
             self._redis.delete(stream, stream + SEQ_SUFFIX)
         except redis.RedisError as e:
             raise self._error("resetting", stream, e) from e
-        for held in (self._last_id, self._last_seq, self._sent, self._held):
+        for held in (self._last_seq, self._sent, self._held, self._uncommitted):
             held.pop(stream, None)
+        self._attached.discard(stream)
 
     def close(self) -> None:
+        """Delete and record the messages taken last (a reader's next read would), then
+        close the connections. Nothing is lost if that fails: the next reader of a stream
+        finds its last message still pending in the group and skips it."""
+        for stream, (ids, position) in list(self._uncommitted.items()):
+            with (
+                contextlib.suppress(redis.RedisError, ChannelError),
+                node_client(self._redis, stream).pipeline(transaction=False) as pipe,
+            ):
+                if ids:
+                    pipe.xack(stream, GROUP, *ids)
+                    pipe.xdel(stream, *ids)
+                pipe.hset(stream + SEQ_SUFFIX, "read", position)
+                pipe.execute(raise_on_error=False)
+        self._uncommitted.clear()
         self._redis.close()
 
     def _connection(self, action: str, stream: str) -> redis.Connection:
@@ -378,34 +497,6 @@ class RedisChannel(Channel):
             conn.disconnect()
         self._pools.pop(id(conn)).release(conn)
 
-    def _read(
-        self, conn: redis.Connection, stream: str, last_id: bytes, seconds: float
-    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        """The next message's entries after ``last_id``, waiting at most ``seconds``.
-
-        One ``XREAD`` (``BLOCK``) fetches the first entry, or waits for it; a message of
-        several chunks fetches the rest with one ``XRANGE`` (as many as its first entry
-        says). The wait is kept on the socket too: a Redis that neither answers nor
-        times the ``BLOCK`` out is an error, never a reader held past its timeout.
-        """
-        if seconds > 0:
-            block = ("BLOCK", max(1, int(seconds * 1000)))
-            conn.send_command("XREAD", "COUNT", 1, *block, "STREAMS", stream, last_id)
-            if not conn.can_read(timeout=seconds + 0.25):
-                raise redis.TimeoutError(f"no answer to XREAD BLOCK within {seconds + 0.25:g} s")
-        else:
-            conn.send_command("XREAD", "COUNT", 1, "STREAMS", stream, last_id)
-        entries = _stream_entries(conn.read_response())
-        if not entries:
-            return []
-        count = entries[0][1].get(b"n", b"1")
-        n = int(count) if count.isdigit() else 1
-        self._check_size(stream, n, len(entries[0][1].get(b"d", b"")))
-        if 1 < n <= self.max_stream_len:
-            conn.send_command("XRANGE", stream, b"(" + entries[0][0], "+", "COUNT", n - 1)
-            entries += _entries(conn.read_response())
-        return entries
-
     def _check_size(self, stream: str, chunks: int, first: int) -> None:
         """Refuse a message whose first chunk shows it too large, before fetching the rest."""
         bound = self.max_message_bytes
@@ -419,37 +510,6 @@ class RedisChannel(Channel):
                 f"at most {most} chunk(s) of {self.chunk_bytes}); it was not read",
                 stream=stream,
             )
-
-    def _commit(
-        self, conn: redis.Connection, stream: str, last: bytes, ids: list[bytes]
-    ) -> tuple[int, int, int]:
-        """Delete the entries just read and record how far this reader got, atomically.
-
-        Returns the last number read before and after, and how many entries were deleted:
-        fewer than given means another reader took them first.
-        """
-        counter = stream + SEQ_SUFFIX
-        commands: list[tuple[object, ...]] = [("HGET", counter, "read"), ("XDEL", stream, *ids)]
-        if last:
-            commands.append(("HSET", counter, "read", last))
-        commands.append(("HGET", counter, "read"))
-        if self.max_backlog_bytes is not None:
-            # In the same transaction: what the sender left besides this message.
-            commands.append(("MEMORY", "USAGE", stream, "SAMPLES", 0))
-        replies = _transaction(conn, commands)
-        failed = next((r for r in replies if isinstance(r, Exception)), None)
-        if failed is not None:
-            raise failed
-        if self.max_backlog_bytes is not None:
-            held = int(replies.pop() or 0)
-            if held > self.max_backlog_bytes:
-                raise RelayAbuse(
-                    f"stream {stream!r} still holds {held} bytes once a message is taken, more "
-                    f"than this job allows ({self.max_backlog_bytes}): its sender is flooding it",
-                    stream=stream,
-                )
-        before, deleted, now = replies[0], replies[1], replies[-1]
-        return int(before or 0), int(now or 0), int(deleted)
 
     def _error(self, action: str, stream: str, cause: Exception) -> ChannelError:
         moved = isinstance(cause, redis.exceptions.AskError)  # MovedError is one too
@@ -471,7 +531,7 @@ def _transaction(conn: redis.Connection, commands: list[tuple[object, ...]]) -> 
     Returns ``EXEC``'s replies (an error of one command among them, as an exception
     object); raises a command refused before ``EXEC`` (then none of them ran).
     """
-    conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
+    conn.send_packed_command(_pack([("MULTI",), *commands, ("EXEC",)]))
     refused = None
     for _ in range(len(commands) + 1):  # +OK, then +QUEUED for each
         try:
@@ -489,8 +549,49 @@ def _transaction(conn: redis.Connection, commands: list[tuple[object, ...]]) -> 
     return replies
 
 
+def _pack(commands: list[tuple[object, ...]]) -> list[bytes | memoryview]:
+    """``commands`` in RESP, as pieces for one write: a chunk longer than
+    ``_PACK_CUTOFF`` goes out as its own piece, uncopied, everything else into one buffer.
+
+    What redis-py's own packer does, for this module's arguments only (bytes, memoryviews
+    of bytes, str and int) and without its per-argument encoder: a frame's commands carry
+    about twenty small arguments, and packing them was a tenth of a 64 KiB round trip.
+    """
+    pieces: list[bytes | memoryview] = []
+    buffer = bytearray()
+    for command in commands:
+        buffer += b"*%d\r\n" % len(command)
+        for arg in command:
+            if isinstance(arg, str):
+                arg = arg.encode()
+            elif isinstance(arg, int):
+                arg = b"%d" % arg
+            size = len(arg)  # type: ignore[arg-type]
+            buffer += b"$%d\r\n" % size
+            if size > _PACK_CUTOFF:
+                pieces.append(bytes(buffer))
+                pieces.append(arg)  # type: ignore[arg-type]
+                buffer = bytearray(b"\r\n")
+            else:
+                buffer += arg  # type: ignore[operator]
+                buffer += b"\r\n"
+    pieces.append(bytes(buffer))
+    return pieces
+
+
+def _replies(conn: redis.Connection, count: int) -> list[object]:
+    """The next ``count`` replies on ``conn``, an error reply as an exception object."""
+    replies: list[object] = []
+    for _ in range(count):
+        try:
+            replies.append(conn.read_response())
+        except redis.ResponseError as e:
+            replies.append(e)
+    return replies
+
+
 def _stream_entries(reply: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The entries of an ``XREAD`` reply for one stream (RESP2 or RESP3), or none."""
+    """The entries of an ``XREADGROUP`` reply for one stream (RESP2 or RESP3), or none."""
     if not reply:
         return []
     if isinstance(reply, dict):  # RESP3: {stream: entries}
@@ -499,7 +600,7 @@ def _stream_entries(reply: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
 
 
 def _entries(reply: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """``[(id, {field: value})]`` from the raw entries of ``XRANGE`` or ``XREAD``."""
+    """``[(id, {field: value})]`` from the raw entries of ``XRANGE`` or ``XREADGROUP``."""
     entries = []
     for entry_id, fields in reply or []:  # type: ignore[attr-defined]
         if isinstance(fields, dict):

@@ -3,7 +3,8 @@
 A Redis ACL cannot limit a command's arguments, so a hospital may ``XADD`` as much as it
 likes to its own streams and ``SET`` blobs as large as it likes for others. What an honest
 hospital stores is known from the job, though: one frame in flight on each of its streams
-(a re-sent step or a hello at most doubles that), and one sealed hand-off per other
+(a re-sent step or a hello at most doubles that, and the frame its reader took last stays
+until that reader's next read), and one sealed hand-off per other
 participant. These bounds are computed here from the job's split, with slack, and the
 workers hold every hospital to them (``workers/relay_guard.py``): the reader refuses an
 oversized frame from its first chunk, and a hospital whose keys hold more than their
@@ -29,6 +30,11 @@ FRAME_OVERHEAD = 64 * 1024
 BLOB_OVERHEAD = 64 * 1024
 #: Frames an honest hospital may leave on one stream at once (a frame and a re-send).
 FRAMES_IN_FLIGHT = 2
+#: ... and the frame its reader took last, which the reader deletes with its next read
+#: (``medsplit.channel.redis``).
+FRAMES_TAKEN = 1
+#: What a stream's consumer group costs in Redis (the group, its reader, its pending list).
+GROUP_OVERHEAD = 2 * 1024
 #: What Redis spends per stream entry beyond its payload, and per small key.
 ENTRY_OVERHEAD = 256
 KEY_OVERHEAD = 4 * 1024
@@ -85,7 +91,8 @@ def relay_limits(
     labels = 8 * math.prod(label_shape)
     frame = int(SLACK * batch * (per_sample + labels + 8 * _outputs(split) * pixels))
     frame += FRAME_OVERHEAD
-    stream = FRAMES_IN_FLIGHT * frame + FRAMES_IN_FLIGHT * ENTRY_OVERHEAD + KEY_OVERHEAD
+    held = FRAMES_IN_FLIGHT + FRAMES_TAKEN
+    stream = held * (frame + ENTRY_OVERHEAD) + KEY_OVERHEAD + GROUP_OVERHEAD
     # The hospital hands on every segment it holds in the job's mode.
     mine = [split.segments[i] for i in config.split_mode.client_segments().values()]
     state = sum(_state_bytes(segment, config.client_optimizer) for segment in mine)
@@ -99,7 +106,7 @@ def relay_limits(
             if p.is_floating_point()
         )
         submission = int(SLACK * 8 * values) + FRAME_OVERHEAD
-        aggregation = FRAMES_IN_FLIGHT * (submission + ENTRY_OVERHEAD) + KEY_OVERHEAD
+        aggregation = held * (submission + ENTRY_OVERHEAD) + KEY_OVERHEAD + GROUP_OVERHEAD
     return RelayLimits(
         frame_bytes=frame,
         stream_bytes=stream,

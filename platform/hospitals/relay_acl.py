@@ -19,7 +19,8 @@ The key layout is :mod:`medsplit.channel.keys` (``<prefix>`` is
 of keys (Redis 7 selectors, each with its own commands):
 
 - its streams ``<prefix>:hospital:<slug>:{job}:<topic>:up|down``: the stream commands
-  only (``XADD XREAD XRANGE XREVRANGE XLEN XDEL XTRIM XINFO STREAM``), on keys ending
+  only (``XADD XREAD XREADGROUP XACK XGROUP CREATE XPENDING XRANGE XREVRANGE XLEN XDEL
+  XTRIM XINFO STREAM``), on keys ending
   in ``:up`` or ``:down`` under ``<prefix>:hospital:<slug>:``;
 - their counters ``...:up:seq`` and ``...:down:seq``: ``HGET HSET HINCRBY`` only;
 - blobs it sends, ``<prefix>:mail:to:{recipient}:from:<slug>:{job}:<topic>``: write and
@@ -159,10 +160,15 @@ AGENT_COMMANDS = ("ping", "multi", "exec", "discard")
 #: ... and on a Redis Cluster, what redis-py's cluster client asks as it starts: the slot
 #: map and the command table (both the same for every user, naming no key).
 CLUSTER_COMMANDS = ("cluster|slots", "cluster|shards", "command")
-#: ... on its own streams (``xinfo|stream`` is the subcommand form ACL rules take).
+#: ... on its own streams (``xinfo|stream`` is the subcommand form ACL rules take); a
+#: reader takes frames through the stream's consumer group (``medsplit.channel.redis``).
 STREAM_COMMANDS = (
     "xadd",
     "xread",
+    "xreadgroup",
+    "xack",
+    "xgroup|create",
+    "xpending",
     "xrange",
     "xrevrange",
     "xlen",

@@ -15,6 +15,7 @@ from torch import nn
 
 from medsplit.channel import InMemoryChannel, RedisChannel
 from medsplit.channel.base import Channel
+from medsplit.channel.redis import _pack
 from medsplit.cutting import split_model
 from medsplit.errors import ChannelError, ChannelTimeout
 from medsplit.modes import get_mode
@@ -75,6 +76,10 @@ def test_order_is_kept_and_consumed_entries_are_deleted(
     for data in sent:
         channel.send(stream, data)
     assert [channel.receive(stream, timeout=2) for _ in sent] == sent
+    # The chunks of the message taken last stay until the next read.
+    assert raw.xlen(stream) == -(-len(sent[-1]) // CHUNK)
+    with pytest.raises(ChannelTimeout):
+        channel.receive(stream, timeout=0)
     assert raw.xlen(stream) == 0
 
 
@@ -130,7 +135,8 @@ def test_frames_trimmed_before_they_were_read_are_an_error(
         channel.send(stream, b"%d" % i)
     with pytest.raises(ChannelError, match="trimmed before they were read"):
         channel.receive(stream, timeout=1)
-    rest = [channel.receive(stream, timeout=1) for _ in range(raw.xlen(stream) + 1)]
+    # Still there: the frame after the gap (taken, held for the next receive) and the rest.
+    rest = [channel.receive(stream, timeout=1) for _ in range(raw.xlen(stream))]
     assert rest[-1] == b"299"
     assert [int(r) for r in rest] == list(range(300 - len(rest), 300))
     channel.close()
@@ -281,6 +287,7 @@ def test_a_restarted_sender_continues_the_numbering(
     restarted.close()
     assert [channel.receive(stream, timeout=2) for _ in range(3)] == [b"a", b"bb", b"c"]
     assert channel.receive(stream, timeout=2) == b"d" * (3 * CHUNK)
+    channel.close()  # deletes and records the message taken last
     assert raw.hget(stream + ":seq", "sent") == b"4"  # the sender's default chunks: 1 each
     assert raw.hget(stream + ":seq", "read") == b"4"
     assert raw.xlen(stream) == 0
@@ -322,11 +329,13 @@ def test_a_sender_put_out_of_step_says_so_and_the_reader_reports_it(
     reader.close()
 
 
-def test_a_sender_whose_relay_lost_its_data_goes_on_and_the_reader_reports_it_once(
+def test_a_sender_whose_relay_lost_its_data_goes_on_and_the_reader_reports_what_was_lost(
     channel: RedisChannel, stream: str, raw: redis.Redis, redis_url: str
 ) -> None:
     """A relay restarted without its data, under parties that were busy computing:
-    redis-py reconnects them without a word, their counts and places are stale."""
+    redis-py reconnects them without a word, their counts and places are stale. The sender
+    moves the counter up to its count and the reader keeps its place, so the numbering
+    shows what the restart took: nothing the first time, a frame in flight the second."""
     sender = RedisChannel(redis_url)
     for frame in (b"a", b"b"):
         sender.send(stream, frame)
@@ -334,11 +343,33 @@ def test_a_sender_whose_relay_lost_its_data_goes_on_and_the_reader_reports_it_on
     raw.delete(stream, stream + ":seq")  # what a restart keeps of them: nothing
     sender.send(stream, b"c")  # no error: the counter is moved up to the sender's count
     sender.send(stream, b"d")
-    sender.close()
     assert raw.hget(stream + ":seq", "sent") == b"4"
-    with pytest.raises(ChannelError, match="went back from entry 2 to 0"):
-        channel.receive(stream, timeout=2)
     assert [channel.receive(stream, timeout=2) for _ in range(2)] == [b"c", b"d"]
+    sender.send(stream, b"e")
+    raw.delete(stream, stream + ":seq")  # e was on the relay, not yet read
+    sender.send(stream, b"f")
+    sender.close()
+    with pytest.raises(ChannelError, match=r"entries 5\.\.5 are gone"):
+        channel.receive(stream, timeout=2)
+    assert channel.receive(stream, timeout=2) == b"f"
+
+
+def test_a_frame_taken_by_a_reader_that_died_is_not_delivered_again(
+    redis_url: str, channel: RedisChannel, stream: str, raw: redis.Redis
+) -> None:
+    """A receive records what it took as it takes it (the group delivers each entry once);
+    deleting it waits for the reader's next read. A reader that dies in between leaves
+    the frame on the stream, but its successor neither gets it again nor reports a gap."""
+    for frame in (b"a", b"b", b"c"):
+        channel.send(stream, frame)
+    dying = RedisChannel(redis_url)
+    assert dying.receive(stream, timeout=2) == b"a"
+    dying._redis.connection_pool.disconnect()  # gone without closing: nothing deleted
+    assert raw.xlen(stream) == 3
+    successor = RedisChannel(redis_url)
+    assert [successor.receive(stream, timeout=2) for _ in range(2)] == [b"b", b"c"]
+    successor.close()
+    assert raw.xlen(stream) == 0 and raw.hget(stream + ":seq", "read") == b"3"
 
 
 def test_after_a_reset_a_stale_and_a_new_sender_lose_no_frame_of_theirs(
@@ -405,6 +436,12 @@ def test_replies_are_parsed_by_hiredis_and_chunks_go_out_uncopied(redis_url: str
             chunk = memoryview(payload(64 * 1024))
             packed = conn.pack_commands([("XADD", "s", "*", "d", chunk)])
             assert any(piece is chunk for piece in packed), "the chunk was copied into the command"
+            # The channel's own packer for its frames' commands: the same pieces, uncopied.
+            command = ("XADD", "s", "MAXLEN", "~", 1024, "*", "s", 7, "d", chunk)
+            ours = _pack([command, ("HSET", b"s:seq", "read", 7)])
+            assert any(piece is chunk for piece in ours), "the chunk was copied into the command"
+            theirs = conn.pack_commands([command, ("HSET", b"s:seq", "read", 7)])
+            assert b"".join(ours) == b"".join(theirs)
         finally:
             channel._redis.connection_pool.release(conn)
     finally:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hospitals.relay_acl import relay_username
+from medsplit.channel import RedisChannel
 from medsplit.channel.keys import NAME_PATTERN, RESERVED_WORDS, RelayKeys
 from tests.security.relay import DeployedRelay, deployed_relay  # noqa: F401 - fixture
 
@@ -38,6 +39,11 @@ STREAM_ATTEMPTS: dict[str, Attempt] = {
     "XLEN": lambda c, k: c.xlen(k),
     "XDEL": lambda c, k: c.xdel(k, "0-1"),
     "XTRIM": lambda c, k: c.xtrim(k, maxlen=0),
+    # How a reader takes frames (medsplit.channel.redis): another's group is out of reach.
+    "XGROUP CREATE": lambda c, k: c.xgroup_create(k, "medsplit", id="0", mkstream=True),
+    "XREADGROUP": lambda c, k: c.xreadgroup("medsplit", "reader", {k: ">"}),
+    "XACK": lambda c, k: c.xack(k, "medsplit", "0-1"),
+    "XPENDING": lambda c, k: c.xpending(k, "medsplit"),
 }
 COUNTER_ATTEMPTS: dict[str, Attempt] = {
     "HGET": lambda c, k: c.hget(k, "sent"),
@@ -138,6 +144,16 @@ def test_a_hospital_still_uses_its_own_keys_and_nothing_else(
         own = keys.streams(JOB, "north")
         me.xadd(own.up, {"d": b"frame"})
         assert me.xlen(own.up) == 1 and me.hincrby(f"{own.up}:seq", "sent", 1) == 1
+        # Its channel takes frames from its own down stream through the stream's group.
+        login = me.connection_pool.connection_kwargs
+        mine = RedisChannel(deployed_relay.url_for(login["username"], login["password"]))
+        workers = RedisChannel(deployed_relay.admin_url)
+        for frame in (b"gradients", b"more"):
+            workers.send(own.down, frame)
+        assert [mine.receive(own.down, timeout=5) for _ in range(2)] == [b"gradients", b"more"]
+        mine.close()
+        workers.close()
+        assert me.xlen(own.down) == 0
         blob = keys.mail(JOB, sender="north", recipient="south")
         assert me.set(blob, b"sealed") and other.get(blob) == b"sealed"
         assert me.delete(blob) == 1

@@ -9,6 +9,7 @@ recorded, the audit log's account of what happened.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -38,6 +39,7 @@ from hospital_agent.data import DataSource, load_local, prepare
 from hospitals import services as hospital_services
 from hospitals.models import Hospital
 from kernel.actors import Actor
+from medsplit.channel.redis import GROUP
 from medsplit.data import DataSplit
 from medsplit.protocol.handoff import import_parties
 from medsplit.training.reference import train_unsplit
@@ -301,20 +303,30 @@ def command_on(command: str, key: str) -> Callable[[bytes], bool]:
 
 
 class FrameTaken:
-    """A MONITOR line by which a frame's reader takes it: the commit (``HSET <stream>:seq
-    read <n>``) of the entry that :func:`frame_written` matched."""
+    """A MONITOR line by which a frame's reader has taken it: the ``XADD`` that
+    :func:`frame_written` matches, once the stream's consumer group lists the entry as
+    delivered. (A reader blocked on the stream is served as the ``XADD`` runs, which
+    MONITOR does not show; one that was not waiting takes it with its next read.)"""
 
-    def __init__(self, kind: str, stream: str, step: int | None = None) -> None:
+    def __init__(self, url: str, kind: str, stream: str, step: int | None = None) -> None:
         self.written = frame_written(kind, stream, step)
-        self.commit: bytes | None = None
+        self.url = url
 
     def __call__(self, line: bytes) -> bool:
-        if self.commit is None and self.written(line):
-            name = line.split(b'"XADD" "', 1)[1].split(b'"', 1)[0]
-            number = line.split(b' "s" "', 1)[1].split(b'"', 1)[0]
-            self.commit = b'"HSET" "' + name + b':seq" "read" "' + number + b'"'
+        if not self.written(line):
             return False
-        return self.commit is not None and self.commit in line
+        name = line.split(b'"XADD" "', 1)[1].split(b'"', 1)[0].decode()
+        client = redis.Redis.from_url(self.url, socket_timeout=5)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.ResponseError):  # no group yet
+                    if client.xpending(name, GROUP)["pending"]:
+                        return True
+                time.sleep(0.001)
+        finally:
+            client.close()
+        raise AssertionError(f"nobody took the frame written to {name} within 30 s")
 
 
 @contextmanager

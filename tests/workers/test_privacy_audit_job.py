@@ -11,6 +11,7 @@ label-leakage attacks' AUCs), and the picture grid is in the agent's work direct
 from __future__ import annotations
 
 import io
+import json
 import stat
 from pathlib import Path
 
@@ -76,4 +77,6 @@ def test_an_audited_job_ends_with_the_hospitals_figures_and_the_picture_at_home(
     tables = io.StringIO()
     for model in apps.get_models():
         tables.write(django_serializers.serialize("json", model.objects.all()))
-    assert "PNG" not in tables.getvalue() and "iVBOR" not in tables.getvalue()  # nor base64
+    # The signature as JSON writes it, and base64's (random keys may hold "PNG" by chance).
+    dumped = tables.getvalue()
+    assert json.dumps(PNG.decode("latin-1"))[1:-1] not in dumped and "iVBORw0KGgo" not in dumped

@@ -81,7 +81,7 @@ def test_a_relay_restarted_mid_step_costs_the_steps_since_the_checkpoint(
 
         trigger = RelayTrigger(
             relay.url,
-            FrameTaken("activations", f":hospital:{second.slug}:", step=STEP),
+            FrameTaken(relay.url, "activations", f":hospital:{second.slug}:", step=STEP),
             restart_while_the_worker_computes,
         )
         job = small_job(admin_actor, agents.hospitals)

@@ -141,8 +141,9 @@ def test_the_rules_are_exactly_these() -> None:
         "+multi",
         "+exec",
         "+discard",
-        f"(~{p}:hospital:st-marys:*:up ~{p}:hospital:st-marys:*:down +xadd +xread +xrange "
-        "+xrevrange +xlen +xdel +xtrim +xinfo|stream)",
+        f"(~{p}:hospital:st-marys:*:up ~{p}:hospital:st-marys:*:down +xadd +xread "
+        "+xreadgroup +xack +xgroup|create +xpending +xrange +xrevrange +xlen +xdel +xtrim "
+        "+xinfo|stream)",
         f"(~{p}:hospital:st-marys:*:seq +hget +hset +hincrby)",
         f"(%W~{p}:mail:to:*:from:st-marys:{{* +set +del)",
         f"(%R~{p}:mail:to:st-marys:from:* +get +exists)",
@@ -269,7 +270,12 @@ def test_celery_keys_and_other_commands_are_refused(agents) -> None:
             ("CONFIG", "GET", "*"),
             ("ACL", "LIST"),
             ("SCAN", "0"),
-            ("XGROUP", "CREATE", a.stream(), "g", "$", "MKSTREAM"),
+            # Its channel creates its streams' group; nothing may move or drop one.
+            ("XGROUP", "SETID", a.stream(), "medsplit", "$"),
+            ("XGROUP", "DESTROY", a.stream(), "medsplit"),
+            ("XGROUP", "DELCONSUMER", a.stream(), "medsplit", "reader"),
+            ("XCLAIM", a.stream(), "medsplit", "reader", "0", "0-1"),
+            ("XAUTOCLAIM", a.stream(), "medsplit", "reader", "0", "0"),
             ("SUBSCRIBE", "x"),
             ("CLIENT", "LIST"),
             ("EVAL", "return 1", "0"),
