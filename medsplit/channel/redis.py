@@ -20,27 +20,36 @@ sender continues the numbering) and checks it against what ``HINCRBY`` answers: 
 ahead of the count (another sender on the stream) is a ``ChannelError``; a counter behind
 it (the relay restarted without its data, which redis-py rides over by reconnecting, or
 the stream was reset) is moved up to the count, so the numbering goes on and the reader
-reports the loss once. Receiving reads one
-message (``XREAD``, blocking while there is none; ``XRANGE`` for the rest of a chunked
-one), then deletes its entries and records how far it got in one ``MULTI``/``EXEC``,
-before returning it, so consumed frames don't stay in Redis and a new reader continues
-exactly where the last one stopped; appends trim the stream with
-``MAXLEN ~ max_stream_len`` so frames nobody reads can't grow Redis without bound. Because the
+reports the loss once.
+
+Receiving takes one message through the stream's consumer group (``GROUP``, one consumer
+name for every reader): ``XREADGROUP``, blocking while there is none, and a second one
+for the rest of a chunked message. The group records the entries as delivered as it hands
+them over, so a frame is delivered at most once even if its reader dies right after; the
+reader deletes them (``XACK``, ``XDEL``) and records how far it got (``HSET ... read``)
+in the same write as its next read (or at ``close``), so a round trip is two calls. A
+reader that starts on a stream makes sure of the group (``XGROUP CREATE ... MKSTREAM``)
+and continues where the last one stopped: the ``read`` counter, or the entries the last
+reader took and had not deleted yet (pending in the group), which are consumed; a group
+that vanished under a reader (a relay restarted without its data, a reset) is made again
+and the reader keeps its own place. Appends trim the stream with ``MAXLEN ~
+max_stream_len`` so frames nobody reads can't grow Redis without bound. Because the
 numbers are contiguous, a reader sees every loss: entries trimmed before they were read
 (or numbers taken but never appended, by an append that failed in Redis), a chunk missing
 or out of place, a message cut short by the next one, entries taken by another reader,
-counters gone with a relay that restarted, entries numbered by two senders out of step. It
+frames lost with a relay that restarted, entries numbered by two senders out of step. It
 reports a loss as a ``ChannelError`` and keeps the intact message after it for the next
-``receive``: nothing still on a stream is thrown away (read entries are deleted, so an
-entry still there was never delivered).
+``receive``: nothing still on a stream is thrown away (an entry the group has not
+delivered was never read).
 No Lua: agents' Redis users may not load scripts, since a script that loops would stall
 the relay for everyone.
 
 A reader that is told the job's bounds (``max_message_bytes``, ``max_backlog_bytes``: the
 workers, reading what hospitals send) refuses an oversized message from its first chunk,
 before fetching the rest (a chunk larger than ``chunk_bytes``, or more chunks than the
-bound allows), and a stream that still holds more than the bound once a message is taken
-(a sender flooding it): both are :class:`RelayAbuse`, naming the stream and the bound.
+bound allows), and a stream that still holds more than the bound besides the message just
+taken (``MEMORY USAGE`` in the same write as the read, less that message's bytes: a sender
+flooding it): both are :class:`RelayAbuse`, naming the stream and the bound.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from medsplit.training.verify import deterministic
 from tests.frontend.conftest import screenshot, sign_in
 from tests.security import test_least_privilege as least_privilege
 from tests.security.test_least_privilege import failed_job
+from tests.workers.agents import frozen
 from tests.workers.hospitals import Hospitals, local_data, report_sizes
 from tests.workers.processes import Processes, processes, wait_until
 from training import services
@@ -245,7 +246,11 @@ def test_the_job_page_follows_a_running_job(
 
         wait_until("the job page to show progress changing", moving, 120, processes)
         screenshot(page, "job")
-        page.get_by_test_id("pause").click()
+        # Held while the pause is asked for: the whole job takes seconds, and a job that
+        # completed first cannot be paused (409).
+        with frozen(processes.started["worker"].pid):
+            page.get_by_test_id("pause").click()
+            expect(page.get_by_test_id("job-state")).to_contain_text("paus")
         page.get_by_test_id("job-state").filter(has_text="paused").wait_for()
         page.get_by_test_id("resume").click()
         page.get_by_test_id("job-state").filter(has_text=re.compile("running|completed")).wait_for()
