@@ -60,7 +60,9 @@ clock):
 
 As a deployment runs them (``docker-compose.yml``), a scheduled job is sent to the worker
 at once (``MEDSPLIT_JOB_DISPATCHER=workers.dispatch.CeleryDispatcher``) and every process
-shares the run's Redis as its cache (``MEDSPLIT_CACHE_URL``: the long-polls' wake-up).
+shares the run's Redis as its cache (``MEDSPLIT_CACHE_URL``: the long-polls' wake-up);
+the coordinator holds every agent's long-poll at once (``MEDSPLIT_LONG_POLLS_PER_PROCESS``
+above the agent count, as ``docs/deploy.md`` sizes a deployment).
 
 Every process runs ``--threads`` torch threads (2; ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
 in each child, ``torch.set_num_threads`` in the worker). Jobs are numbered from a large
@@ -552,9 +554,14 @@ def main(argv: list[str] | None = None) -> int:
     # As a deployment runs it (docker-compose.yml): a job is sent to the worker when it
     # is scheduled, not at the next sweep, and every process shares one cache (the
     # long-polls' wake-up counter, training/api/long_poll.py).
+    # And with room for every agent's long-poll: `runserver` runs a thread per request,
+    # and a deployment holds `processes x MEDSPLIT_LONG_POLLS_PER_PROCESS` polls at once
+    # (docs/deploy.md); with the default 4, six of ten agents were answered at once and
+    # polled again 2 s later, which was most of every hand-over to them (2026-12-04).
     extra = {
         "MEDSPLIT_JOB_DISPATCHER": "workers.dispatch.CeleryDispatcher",
         "MEDSPLIT_CACHE_URL": args.redis_url,
+        "MEDSPLIT_LONG_POLLS_PER_PROCESS": str(max(args.hospitals) + 2),
     }
     env = configure_platform(folder, args.redis_url, queue, args.threads, extra)
     procs = Processes(folder, env, slug="")

@@ -11,11 +11,12 @@ taking every thread, so that people's requests (and agents' other calls) always 
   changed ("no change", the ETag it sent), and the agent polls again a little later.
 
 A waiting poll is woken when what its hospital is assigned may have changed: every save
-or delete of a job, its participants, rounds, turns, hand-offs, aggregations or
-evaluations bumps a counter per participant of the job in the shared cache (after the
-transaction commits; see :func:`assignments_changed`, connected in ``training/apps.py``;
-other hospitals' polls are not woken, so ten idle agents do not rebuild their answers at
-every step of someone else's job), which a waiting poll
+or delete of a job, its participants, rounds, turns, aggregations or evaluations bumps a
+counter per participant of the job in the shared cache, a hand-off its recipient's only,
+and a turn's progress nobody's (after the transaction commits; see
+:func:`assignments_changed`, connected in ``training/apps.py``; other hospitals' polls are
+not woken, so ten idle agents do not rebuild their answers at every step of someone else's
+job), which a waiting poll
 reads every :data:`WAKE_CHECK_SECONDS` (a cache read) and only then builds its answer
 again. Without a bump (a change made with ``QuerySet.update``, or the worker on another
 process with a per-process cache) the answer is still built again every
@@ -137,12 +138,29 @@ def wake_job(job_id: int) -> None:
     )
 
 
-def assignments_changed(sender: type, instance: object, **_: object) -> None:
+#: A turn's fields that no assignment shows (``AssignmentTurnSerializer``): its progress
+#: and last loss, saved about every second of a running turn. Saving only these wakes
+#: nobody; when every save woke every participant's poll, ten idle agents rebuilt their
+#: answers several times a second, which slowed the coordinator and the steps.
+PROGRESS_FIELDS = frozenset({"steps", "samples", "bytes_up", "bytes_down", "last_loss"})
+
+
+def assignments_changed(
+    sender: type, instance: object, update_fields: Iterable[str] | None = None, **_: object
+) -> None:
     """A signal receiver for a saved or deleted job, or a row of one (with ``job_id``):
     wake its participants' long-polls once the current transaction commits. Woken
     before the commit, a poll would build the same answer again and wait on."""
-    from training.models import Job
+    from training.models import HandOff, Job, Turn
 
+    if sender is Turn and update_fields and PROGRESS_FIELDS.issuperset(update_fields):
+        return
+    if isinstance(instance, HandOff):
+        # Only its recipient's answer shows it (``handoffs_to_me``): after each turn the
+        # sender records one per other participant, which would wake every poll n - 1 times.
+        recipient = instance.recipient_id
+        transaction.on_commit(lambda: wake_long_polls([recipient]))
+        return
     job_id = instance.pk if isinstance(instance, Job) else getattr(instance, "job_id", None)
     if job_id is not None:
         transaction.on_commit(lambda: wake_job(job_id))

@@ -132,6 +132,28 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
     with django_capture_on_commit_callbacks(execute=True):
         Turn.objects.filter(job=job).first().save()
     assert assignments_version(hospital_a.pk) == now[hospital_a.pk] + 1
+    # A running turn's progress is no part of an assignment: it wakes nobody.
+    turn = Turn.objects.get(job=job, status=Turn.Status.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.turn_record_progress(
+            turn=turn, steps=4, samples=64, bytes_up=400, bytes_down=360, loss=0.6
+        )
+    assert Turn.objects.get(pk=turn.pk).steps == 4
+    assert assignments_version(hospital_a.pk) == now[hospital_a.pk] + 1
+    # A hand-off shows in its recipient's answer only: it wakes the recipient only.
+    sender = turn.hospital
+    recipient = hospital_c if sender == hospital_a else hospital_a
+    seen = {h.pk: assignments_version(h.pk) for h in (sender, recipient)}
+    with django_capture_on_commit_callbacks(execute=True):
+        services.handoff_record(
+            turn=turn,
+            sender=sender,
+            recipient=recipient,
+            ciphertext_sha256=hashlib.sha256(b"sealed").hexdigest(),
+            size_bytes=4096,
+        )
+    assert assignments_version(recipient.pk) == seen[recipient.pk] + 1
+    assert assignments_version(sender.pk) == seen[sender.pk]
 
 
 def test_a_waiting_long_poll_wakes_on_a_bump_and_rebuilds_without_one() -> None:
