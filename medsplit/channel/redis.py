@@ -26,8 +26,11 @@ Receiving takes one message through the stream's consumer group (``GROUP``, one 
 name for every reader): ``XREADGROUP``, blocking while there is none, and a second one
 for the rest of a chunked message. The group records the entries as delivered as it hands
 them over, so a frame is delivered at most once even if its reader dies right after; the
-reader deletes them (``XACK``, ``XDEL``) and records how far it got (``HSET ... read``)
-in the same write as its next read (or at ``close``), so a round trip is two calls. A
+reader acknowledges them (``XACK``) and records how far it got (``HSET ... read``) in the
+same write as its next read (or at ``close``), and deletes them (``XDEL``) once ``XACK``
+has confirmed that the group still held them, in a write Redis runs right after that
+read, so a round trip is two calls. (A stream made afresh, by a reset or a relay that
+restarted, numbers its entry ids from the clock again: an id may repeat an old one.) A
 reader that starts on a stream makes sure of the group (``XGROUP CREATE ... MKSTREAM``)
 and continues where the last one stopped: the ``read`` counter, or the entries the last
 reader took and had not deleted yet (pending in the group), which are consumed; a group
@@ -336,36 +339,49 @@ class RedisChannel(Channel):
         """The next message's entries, taken for this reader's group, waiting at most
         ``seconds``; and what the stream held besides them (``max_backlog_bytes`` set).
 
-        One write: the delete-and-record of the message taken last (lazily: the group
-        already records it as delivered, so no later reader gets it again), one
-        ``XREADGROUP`` (``BLOCK``) that takes the first entry or waits for it, and the
-        stream's ``MEMORY USAGE`` right after it. A message of several chunks takes the
-        rest with one more ``XREADGROUP`` (as many as its first entry says). The wait is
-        kept on the socket too: a Redis that neither answers nor times the ``BLOCK`` out
-        is an error, never a reader held past its timeout.
+        One write: the record of the message taken last (``XACK``, ``HSET ... read``;
+        lazily: the group already records it as delivered, so no later reader gets it
+        again) and one ``XREADGROUP`` (``BLOCK``) that takes the first entry or waits for
+        it. Once ``XACK`` has confirmed that the group still held the last message's
+        entries, a second write deletes them and asks the stream's ``MEMORY USAGE``; Redis
+        runs it right after the ``XREADGROUP``, so it costs no round trip. (Deleting them
+        without that confirmation could delete a new frame: on a stream made afresh, by a
+        reset or a restarted relay, entry ids start again from the clock and may repeat
+        the old ones.) A message of several chunks takes the rest with one more
+        ``XREADGROUP`` (as many as its first entry says). The wait is kept on the socket
+        too: a Redis that neither answers nor times the ``BLOCK`` out is an error, never a
+        reader held past its timeout.
         """
         counter = stream + SEQ_SUFFIX
         commands: list[tuple[object, ...]] = []
         done = self._uncommitted.get(stream)
+        ids: list[bytes] = []
         if done is not None:
             ids, position = done
             if ids:
-                commands += [("XACK", stream, GROUP, *ids), ("XDEL", stream, *ids)]
+                commands.append(("XACK", stream, GROUP, *ids))
             commands.append(("HSET", counter, "read", position))
         block = ("BLOCK", max(1, int(seconds * 1000))) if seconds > 0 else ()
         read = ("XREADGROUP", "GROUP", GROUP, CONSUMER, "COUNT", 1, *block, "STREAMS", stream)
         commands.append((*read, ">"))
-        if self.max_backlog_bytes is not None:
-            commands.append(("MEMORY", "USAGE", stream, "SAMPLES", 0))
         conn.send_packed_command(_pack(commands))
-        for reply in _replies(conn, len(commands) - 1 - (self.max_backlog_bytes is not None)):
+        committed = _replies(conn, len(commands) - 1)
+        for reply in committed:
             # A lost group fails the read too (below); anything else is refused outright.
             if isinstance(reply, Exception) and not str(reply).startswith(_GROUP_GONE):
                 raise reply
+        after: list[tuple[object, ...]] = []
+        if ids and committed[0] == len(ids):  # still this group's: delivered, safe to delete
+            after.append(("XDEL", stream, *ids))
+        if self.max_backlog_bytes is not None:
+            after.append(("MEMORY", "USAGE", stream, "SAMPLES", 0))
+        if after:
+            conn.send_packed_command(_pack(after))
         self._uncommitted.pop(stream, None)
         if seconds > 0 and not conn.can_read(timeout=seconds + 0.25):
             raise redis.TimeoutError(f"no answer to XREADGROUP BLOCK within {seconds + 0.25:g} s")
-        taken, *memory = _replies(conn, 1 + (self.max_backlog_bytes is not None))
+        taken, *rest = _replies(conn, 1 + len(after))
+        memory = rest[-1:] if self.max_backlog_bytes is not None else []
         if isinstance(taken, redis.ResponseError) and str(taken).startswith(_GROUP_GONE):
             # The stream was deleted under its group: a relay restarted without its data,
             # or a reset. Attach again; what went missing shows in the numbering.
@@ -377,7 +393,7 @@ class RedisChannel(Channel):
             )
             self._attached.discard(stream)
             return [], None
-        for reply in (taken, *memory):
+        for reply in (taken, *rest):
             if isinstance(reply, Exception):
                 raise reply
         entries = _stream_entries(taken)
@@ -477,15 +493,11 @@ class RedisChannel(Channel):
         close the connections. Nothing is lost if that fails: the next reader of a stream
         finds its last message still pending in the group and skips it."""
         for stream, (ids, position) in list(self._uncommitted.items()):
-            with (
-                contextlib.suppress(redis.RedisError, ChannelError),
-                node_client(self._redis, stream).pipeline(transaction=False) as pipe,
-            ):
-                if ids:
-                    pipe.xack(stream, GROUP, *ids)
-                    pipe.xdel(stream, *ids)
-                pipe.hset(stream + SEQ_SUFFIX, "read", position)
-                pipe.execute(raise_on_error=False)
+            with contextlib.suppress(redis.RedisError, ChannelError):
+                client = node_client(self._redis, stream)
+                client.hset(stream + SEQ_SUFFIX, "read", position)
+                if ids and client.xack(stream, GROUP, *ids) == len(ids):  # see _take
+                    client.xdel(stream, *ids)
         self._uncommitted.clear()
         self._redis.close()
 

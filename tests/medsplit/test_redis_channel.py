@@ -354,6 +354,20 @@ def test_a_sender_whose_relay_lost_its_data_goes_on_and_the_reader_reports_what_
     assert channel.receive(stream, timeout=2) == b"f"
 
 
+def test_a_new_frame_under_an_old_entry_id_is_not_deleted_with_the_old_one(
+    channel: RedisChannel, stream: str, raw: redis.Redis
+) -> None:
+    """A reader deletes the message it took with its next read. If the stream was made
+    afresh in between (a reset, a relay restarted) within the same millisecond, a new
+    entry can carry the old one's id: it must be delivered, not deleted in its place."""
+    channel.send(stream, b"old")
+    assert channel.receive(stream, timeout=2) == b"old"
+    (old_id,) = [entry_id for entry_id, _ in raw.xrange(stream)]
+    raw.delete(stream)
+    raw.xadd(stream, entry(2, 2, 0, 1, b"new"), id=old_id)  # type: ignore[arg-type]
+    assert channel.receive(stream, timeout=2) == b"new"
+
+
 def test_a_frame_taken_by_a_reader_that_died_is_not_delivered_again(
     redis_url: str, channel: RedisChannel, stream: str, raw: redis.Redis
 ) -> None:
