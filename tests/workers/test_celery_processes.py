@@ -94,7 +94,7 @@ def run_and_kill_a_worker(processes: Processes, redis_url: str, make_job, admin_
 
 
 def test_redis_restarted_mid_job_resumes_from_checkpoints(
-    processes: Processes, tmp_path, settings, make_job, admin_actor: Actor
+    processes: Processes, tmp_path, settings, make_job, admin_actor: Actor, caplog
 ) -> None:
     server = RedisServer(tmp_path)
     server.start()
@@ -127,6 +127,10 @@ def test_redis_restarted_mid_job_resumes_from_checkpoints(
             for e in AuditEvent.objects.filter(job_id=job.pk, action="turn.failed")
         ]
         assert all(r.startswith("ChannelError") or "relay error" in r for r in reasons), reasons
-        assert hospitals.relay_errors, "the hospital saw the relay go away"
+        # The hospitals saw the relay go: a read it cut short, or, for one that was
+        # computing at the time, its streams' group gone at its next read (nothing lost:
+        # the numbering went on, so no error).
+        regrouped = [r for r in caplog.records if "lost its readers' group" in r.getMessage()]
+        assert hospitals.relay_errors or regrouped, "the hospitals saw the relay go away"
     finally:
         server.stop()
