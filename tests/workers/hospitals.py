@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from django.db import connections
 
 from hospitals.relay_acl import relay_keys
 from medsplit.channel.redis import RedisChannel
@@ -23,7 +24,7 @@ from medsplit.training.tasks import SEGMENTATION
 from medsplit.turns import ClientOutcome, ClientReport, MemorySnapshots, TurnClient, TurnIds
 from medsplit.turns.server import SERVER_PARTY
 from medsplit.turns.stores import read_verified
-from training.models import Job
+from training.models import Job, Turn
 from training.runs import checkpoint_dir
 from workers.turn_runner import job_model
 
@@ -106,7 +107,13 @@ class Hospitals:
         except BaseException as e:  # reported by join()
             self.error = e
         finally:
+            connections.close_all()  # this thread's, so that the test database can go
             self.done.set()
+
+    def _completed_at_the_server(self, round_: int, position: int) -> bool:
+        return Turn.objects.filter(
+            job=self.job, round__index=round_, position=position, status=Turn.Status.COMPLETED
+        ).exists()
 
     def _turn(self, round_: int, position: int, slug: str) -> None:
         config = self.config
@@ -140,6 +147,14 @@ class Hospitals:
                 self.relay_errors.append(str(e))
                 logger.info("hospital %s: relay failed (%s); retrying", slug, e)
                 time.sleep(0.5)
+                if self._completed_at_the_server(round_, position):
+                    # The relay went as the server ended the turn: every step was applied
+                    # and the metrics sent, only the "done" was lost. A hello now would wait
+                    # for a server that is gone, past the next turn's silence timeout (as
+                    # an agent, asking the coordinator, would not).
+                    self.client_state = client.state()
+                    self.resumed_at[(round_, position)] = client.resumed_at
+                    return
                 client.channel.close()
                 client.channel = RedisChannel(self.redis_url)
                 continue
