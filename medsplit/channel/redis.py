@@ -184,11 +184,11 @@ class RedisChannel(Channel):
             self.address = "cluster " + ",".join(sorted(n.name for n in nodes))
         #: The pool each borrowed connection goes back to (a cluster has one per node).
         self._pools: dict[int, redis.ConnectionPool] = {}
-        #: Streams whose group this reader made sure of, and where it read up to.
+        #: Streams whose group this reader made sure of (``_attach``).
         self._attached: set[str] = set()
         self._last_seq: dict[str, int] = {}
         #: Per stream, the entries of the message taken last and the number read up to:
-        #: deleted and recorded with the next read (or at ``close``).
+        #: acknowledged, recorded and deleted with the next read (or at ``close``).
         self._uncommitted: dict[str, tuple[list[bytes], int]] = {}
         self._sent: dict[str, int] = {}
         self._held: dict[str, bytes] = {}
@@ -310,8 +310,7 @@ class RedisChannel(Channel):
                 ]
             )
         )
-        replies = _replies(conn, 3)
-        created, read, pending = replies
+        created, read, pending = _replies(conn, 3)
         if isinstance(created, Exception) and not str(created).startswith("BUSYGROUP"):
             raise created
         for reply in (read, pending):
@@ -344,7 +343,8 @@ class RedisChannel(Channel):
         again) and one ``XREADGROUP`` (``BLOCK``) that takes the first entry or waits for
         it. Once ``XACK`` has confirmed that the group still held the last message's
         entries, a second write deletes them and asks the stream's ``MEMORY USAGE``; Redis
-        runs it right after the ``XREADGROUP``, so it costs no round trip. (Deleting them
+        runs it right after the ``XREADGROUP``, so a reader already waiting for its frame
+        (as in a step) pays no round trip for it; one whose frame was there pays one. (Deleting them
         without that confirmation could delete a new frame: on a stream made afresh, by a
         reset or a restarted relay, entry ids start again from the clock and may repeat
         the old ones.) A message of several chunks takes the rest with one more
@@ -424,8 +424,8 @@ class RedisChannel(Channel):
         When frames were lost before them (trimmed, taken by another reader, gone with a
         relay that restarted) the error says so, and the intact message after the gap is
         kept for the next ``receive``. So is a message numbered out of order (by a sender
-        counting from numbers the relay no longer holds): entries are deleted once read,
-        so one still on the stream was never delivered, and it is new.
+        counting from numbers the relay no longer holds): the group delivers an entry
+        once, so one it hands over was never read, and it is new.
         """
         bound = self.max_backlog_bytes
         if held is not None and bound is not None and held > bound:

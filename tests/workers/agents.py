@@ -318,15 +318,29 @@ class FrameTaken:
         name = line.split(b'"XADD" "', 1)[1].split(b'"', 1)[0].decode()
         client = redis.Redis.from_url(self.url, socket_timeout=5)
         try:
+            # The frame is the stream's newest entry; taken once the group delivered it
+            # (a message the reader took before it still pending proves nothing).
+            ((newest, _),) = client.xrevrange(name, count=1)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 with contextlib.suppress(redis.ResponseError):  # no group yet
-                    if client.xpending(name, GROUP)["pending"]:
+                    delivered = [
+                        _entry_id(g["last-delivered-id"])
+                        for g in client.xinfo_groups(name)
+                        if g["name"] == GROUP.encode()
+                    ]
+                    if delivered and delivered[0] >= _entry_id(newest):
                         return True
                 time.sleep(0.001)
         finally:
             client.close()
         raise AssertionError(f"nobody took the frame written to {name} within 30 s")
+
+
+def _entry_id(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as numbers, to compare."""
+    ms, seq = entry_id.split(b"-")
+    return int(ms), int(seq)
 
 
 @contextmanager
