@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from monai.transforms import Resize, ScaleIntensity
+from monai.utils import convert_to_tensor
 
 from hospital_agent.data.problems import DataProblem, Problems
 from hospital_agent.data.sources import (
@@ -254,10 +255,15 @@ def read_segmentation_folder(
         spatial = tuple(input_shape[1:])
         resize_image = Resize(spatial, mode=_mode(len(spatial)))
         resize_mask = Resize(spatial, mode="nearest")
-        images = [torch.as_tensor(resize_image(im)) for im in images]
-        masks = [torch.as_tensor(resize_mask(m.float())).round().to(torch.int64) for m in masks]
+        images = [convert_to_tensor(resize_image(im), track_meta=False) for im in images]
+        masks = [
+            convert_to_tensor(resize_mask(m.float()), track_meta=False).round().to(torch.int64)
+            for m in masks
+        ]
     scale = ScaleIntensity(minv=0.0, maxv=1.0)
-    stacked = torch.stack([torch.as_tensor(scale(im)).to(torch.float32) for im in images])
+    stacked = torch.stack(
+        [convert_to_tensor(scale(im), track_meta=False).to(torch.float32) for im in images]
+    )
     split = DataSplit(
         images=stacked.contiguous(), labels=torch.stack(masks).to(torch.int64).contiguous()
     )

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from monai.data import ImageReader, NibabelReader, PILReader, PydicomReader
 from monai.transforms import LoadImage, Resize, ScaleIntensity
+from monai.utils import convert_to_tensor
 
 from hospital_agent.data.problems import DataProblem, Problems
 from medsplit.data import (
@@ -340,7 +341,7 @@ def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
         raise DataProblem.one(
             name, f"cannot be read as a {_kind_of(name)} image ({type(cause).__name__})"
         ) from e
-    image = torch.as_tensor(image).to(torch.float32)  # drop MONAI's metadata
+    image = convert_to_tensor(image, track_meta=False).to(torch.float32)  # plain: no metadata
     if image.dim() not in (3, 4):
         raise DataProblem.one(
             name,
@@ -452,9 +453,11 @@ def _read_folder(
         raise DataProblem.one(os.fspath(folder), "no images could be read")
     if input_shape is not None and any(tuple(im.shape) != shape for im in images):
         resize = Resize(tuple(input_shape[1:]), mode=_mode(len(input_shape) - 1))
-        images = [torch.as_tensor(resize(im)) for im in images]
+        images = [convert_to_tensor(resize(im), track_meta=False) for im in images]
     scale = ScaleIntensity(minv=0.0, maxv=1.0)
-    stacked = torch.stack([torch.as_tensor(scale(im)).to(torch.float32) for im in images])
+    stacked = torch.stack(
+        [convert_to_tensor(scale(im), track_meta=False).to(torch.float32) for im in images]
+    )
     split = DataSplit(images=stacked.contiguous(), labels=torch.tensor(labels, dtype=torch.int64))
     return Loaded(split, shape)
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 from monai.transforms import Compose, Resize, ScaleIntensity
+from monai.utils import convert_to_tensor
 
 from hospital_agent.data.local import DEFAULT_VAL_FRACTION, DataSummary, LocalData, load_local
 from hospital_agent.data.problems import DataProblem
@@ -142,11 +143,17 @@ def _apply(
             labels = torch.empty((0, 1, *shape[1:]), dtype=torch.int64)
         return DataSplit(torch.empty((0, *shape), dtype=torch.float32), labels)
     images = torch.stack(
-        [torch.as_tensor(transform(image)).to(torch.float32) for image in split.images]
+        [
+            convert_to_tensor(transform(image), track_meta=False).to(torch.float32)
+            for image in split.images
+        ]
     )
     labels = split.labels.clone()
     if masks is not None and tuple(labels.shape[2:]) != tuple(images.shape[2:]):
-        resized = [torch.as_tensor(masks(mask.to(torch.float32))) for mask in split.labels]
+        resized = [
+            convert_to_tensor(masks(mask.to(torch.float32)), track_meta=False)
+            for mask in split.labels
+        ]
         labels = torch.stack(resized).round().to(torch.int64)
     return DataSplit(images=images.clamp_(0.0, 1.0).contiguous(), labels=labels.contiguous())
 
@@ -177,6 +184,6 @@ def load_for_prediction(
                 f"has shape {list(image.shape)} (channels first); the job takes "
                 f"{list(input_shape)}: other channels or dimensions cannot be resized to fit",
             )
-        scaled = torch.as_tensor(scale(image)).to(torch.float32)
-        images.append(torch.as_tensor(fit(scaled)).to(torch.float32))
+        scaled = convert_to_tensor(scale(image), track_meta=False).to(torch.float32)
+        images.append(convert_to_tensor(fit(scaled), track_meta=False).to(torch.float32))
     return torch.stack(images).clamp_(0.0, 1.0).contiguous()  # as :func:`_apply` does

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from monai.transforms import Resize, ScaleIntensity
+from monai.utils import convert_to_tensor
 
 from hospital_agent.data.local import DataSummary
 from hospital_agent.data.problems import DataProblem, Problems
@@ -397,7 +398,9 @@ def _read_folder(
     # As a labelled folder: resized only when the images differ, to the job's shape.
     if input_shape is not None and any(tuple(im.shape) != shape for im in images):
         resize = Resize(tuple(input_shape[1:]), mode=_mode(len(input_shape) - 1))
-        images = [torch.as_tensor(resize(im)) for im in images]
+        images = [convert_to_tensor(resize(im), track_meta=False) for im in images]
     scale = ScaleIntensity(minv=0.0, maxv=1.0)
-    stacked = torch.stack([torch.as_tensor(scale(im)).to(torch.float32) for im in images])
+    stacked = torch.stack(
+        [convert_to_tensor(scale(im), track_meta=False).to(torch.float32) for im in images]
+    )
     return VerticalRecords(tuple(identifier_of(f) for f in files), stacked.contiguous(), None)

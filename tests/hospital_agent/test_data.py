@@ -377,3 +377,42 @@ def test_local_data_is_a_plain_pair() -> None:
     pool = synthetic_split(6, seed=0)
     data = LocalData(train=pool, val=pool)
     assert summary(data).split_sizes == {"train": 6, "val": 6}
+
+
+def test_every_reader_hands_plain_tensors_to_training(tmp_path: Path) -> None:
+    """MONAI's transforms return MetaTensors; one reaching training sends every op of the
+    front through MetaTensor's ``__torch_function__`` (measured: about 1.5 ms of a 20 ms
+    small_cnn step). ``torch.as_tensor`` keeps the subclass; every reader drops it."""
+    from hospital_agent.data import load_vertical
+    from hospital_agent.data.transforms import load_for_job, load_for_prediction
+    from hospital_agent.data.masks import IMAGES_DIR, MASKS_DIR
+
+    folder = png_folder(tmp_path, h=10, w=12)
+    (tmp_path / "other.png").write_bytes((folder / "img0.png").read_bytes())
+    write_png(folder / "img9.png", grey(9, 12, 12))  # another shape: the folder is resized
+    pairs = tmp_path / "pairs"
+    for sub in (IMAGES_DIR, MASKS_DIR):
+        (pairs / sub).mkdir(parents=True)
+    for i in range(4):
+        write_png(pairs / IMAGES_DIR / f"case{i}.png", grey(i))
+        write_png(pairs / MASKS_DIR / f"case{i}.png", (grey(i + 10) > 127).astype(np.uint8))
+    synthetic = DataSource(kind="synthetic", samples=10, shape=(1, 28, 28), seed=0)
+    fitted = [
+        load_for_job(source, input_shape=shape, num_classes=2, task=task)[0]
+        for source, shape, task in (
+            (synthetic, (1, 28, 28), "classification"),  # the job's shape: nothing resized
+            (synthetic, (1, 32, 32), "classification"),
+            (folder_source(folder), (1, 10, 12), "classification"),
+            (folder_source(folder), (1, 16, 16), "classification"),
+            (
+                DataSource(kind="folder", path=str(pairs), task="segmentation"),
+                (1, 16, 16),
+                "segmentation",
+            ),
+        )
+    ]
+    tensors = [t for data in fitted for s in (data.train, data.val) for t in (s.images, s.labels)]
+    tensors.append(read_image(folder / "img0.png"))
+    tensors.append(load_for_prediction([tmp_path / "other.png"], input_shape=(1, 16, 16)))
+    tensors.append(load_vertical(folder_source(folder), input_shape=(1, 16, 16)).features)
+    assert [type(t).__name__ for t in tensors] == ["Tensor"] * len(tensors)
