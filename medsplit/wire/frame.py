@@ -20,10 +20,9 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from medsplit.errors import CodecError, FrameError
+from medsplit.wire import layout
 from medsplit.wire.codecs import (
     CODECS,
     DATA_PART,
@@ -325,20 +324,12 @@ def encode_frame(frame: Frame, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> b
     codec = get_codec(frame.meta.codec)
     stored: dict[str, torch.Tensor] = {}
     dtypes: dict[str, str] = {}
-    storages: set[int] = set()
     for name, tensor in frame.tensors.items():
         prepared = _prepare(name, tensor)
         dtypes[name] = _DTYPE_NAMES[prepared.dtype]
         parts = _codec_for(codec, prepared.dtype).encode(name, prepared)
         for part, value in parts.items():
-            value = value.contiguous()
-            storage = value.untyped_storage()
-            if storage.nbytes() and storage.data_ptr() in storages:
-                # safetensors refuses tensors that share memory (the same tensor under
-                # two names, overlapping views); a private copy spares callers the care.
-                value = value.clone()
-            storages.add(value.untyped_storage().data_ptr())
-            stored[part_key(name, part)] = value
+            stored[part_key(name, part)] = value.contiguous()
     size = raw_tensor_bytes(stored)
     if size > max_bytes:
         raise CodecError(f"frame holds {size} bytes of tensors, more than max_bytes={max_bytes}")
@@ -354,7 +345,7 @@ def encode_frame(frame: Frame, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> b
         "codec": meta.codec,
         _TENSORS_KEY: json.dumps(dtypes, separators=(",", ":")),
     }
-    data = save_safetensors(stored, metadata=metadata)
+    data = layout.write(stored, metadata)
     if len(data) > max_bytes:
         raise CodecError(f"encoded frame is {len(data)} bytes, more than max_bytes={max_bytes}")
     return data
@@ -375,26 +366,11 @@ def _as_bytes(data: object, max_bytes: int) -> bytes:
     # Checked before anything is parsed or copied.
     if size > max_bytes:
         raise FrameError(f"frame is oversized: {size} bytes, more than max_bytes={max_bytes}")
-    # safetensors reads `bytes` only; the copy is bounded by max_bytes.
+    # Read as immutable bytes (what the relay hands over: no copy); bounded by max_bytes.
     return data.tobytes() if isinstance(data, memoryview) else bytes(data)
 
 
-def _read_metadata(data: bytes) -> dict[str, str]:
-    if len(data) < 8:
-        raise FrameError(f"frame is truncated: {len(data)} bytes, the header length alone takes 8")
-    header_size = int.from_bytes(data[:8], "little")
-    if header_size > len(data) - 8:
-        raise FrameError(
-            f"frame is truncated or garbage: header claims {header_size} bytes, "
-            f"only {len(data) - 8} follow"
-        )
-    try:
-        header = json.loads(data[8 : 8 + header_size].decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise FrameError(f"frame header is not valid JSON (garbage?): {e}") from e
-    if not isinstance(header, dict):
-        raise FrameError("frame header is not a JSON object (garbage?)")
-    _check_payload_length(header, len(data) - 8 - header_size)
+def _read_metadata(header: Mapping[str, Any]) -> dict[str, str]:
     metadata = header.get("__metadata__")
     if metadata is None:
         raise FrameError(f"not a MedSplit frame: no metadata (missing {FORMAT_KEY!r} marker)")
@@ -403,22 +379,6 @@ def _read_metadata(data: bytes) -> dict[str, str]:
     ):
         raise FrameError("frame metadata must map strings to strings")
     return metadata
-
-
-def _check_payload_length(header: Mapping[str, Any], available: int) -> None:
-    # Only to name the common case clearly; safetensors checks every offset itself.
-    ends = [
-        entry["data_offsets"][1]
-        for entry in header.values()
-        if isinstance(entry, dict)
-        and isinstance(entry.get("data_offsets"), list)
-        and len(entry["data_offsets"]) == 2
-        and isinstance(entry["data_offsets"][1], int)
-    ]
-    if ends and max(ends) > available:
-        raise FrameError(
-            f"frame is truncated: tensors need {max(ends)} bytes, {available} follow the header"
-        )
 
 
 def _parse_id(metadata: Mapping[str, str], name: str) -> int:
@@ -480,15 +440,6 @@ def _read_meta(metadata: Mapping[str, str]) -> tuple[FrameMeta, dict[str, torch.
             )
         dtypes[name] = dtype
     return meta, dtypes
-
-
-def _load_tensors(data: bytes) -> dict[str, torch.Tensor]:
-    try:
-        return load_safetensors(data)
-    except Exception as e:
-        # safetensors can fail in many ways on hostile bytes (its own error, assertions,
-        # torch errors on odd shapes or dtypes); all mean the same thing to the caller.
-        raise FrameError(f"decoding safetensors payload: {type(e).__name__}: {e}") from e
 
 
 def _decode_tensors(
@@ -577,11 +528,14 @@ def decode_frame(
             escapes for any input.
     """
     raw = _as_bytes(data, max_bytes)
-    meta, dtypes = _read_meta(_read_metadata(raw))
+    header, start = layout.read_header(raw)
+    meta, dtypes = _read_meta(_read_metadata(header))
     if expect is not None:
         # Before the tensors are copied out: a wrong kind is cheap to reject.
         _check_kind(meta.kind, expect)
-    tensors = _decode_tensors(get_codec(meta.codec), dtypes, _load_tensors(raw))
+    tensors = _decode_tensors(
+        get_codec(meta.codec), dtypes, layout.read_tensors(raw, header, start)
+    )
     if expect is not None:
         _check_tensors(tensors, expect)
     return Frame(meta=meta, tensors=tensors)
