@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -59,7 +60,7 @@ from medsplit.models import is_factory_name, set_model_modules
 from medsplit.protocol.handoff import import_parties
 from medsplit.protocol.keys import RecipientKey, SignedRecipientKey, identity_public_from_b64
 from medsplit.protocol.sealing import SealContext, seal, unseal
-from medsplit.training.setup import cached_split, client_parties, server_party
+from medsplit.training.setup import client_parties, hospital_segments, hospital_split
 
 __all__ = ["ExportProblem", "approve_export", "fetch_export", "refuse_export"]
 
@@ -264,7 +265,8 @@ class _JobSetup:
         return cls(assignment, final)
 
     def _split(self):
-        return cached_split(self.assignment.model(), self.assignment.config().cuts)
+        config = self.assignment.config()
+        return hospital_split(self.assignment.model(), config.cuts, hospital_segments(config))
 
     def _clients(self) -> dict[str, Any]:
         parties = client_parties(self._split(), self.assignment.config())
@@ -282,9 +284,10 @@ class _JobSetup:
         """The split model as the job runs it: this hospital's segments and the server's."""
         config = self.assignment.config()
         split = self._split()
-        server = server_party(split, config)
-        server.module.load_state_dict(server_state, strict=True)
-        modules: dict[int, torch.nn.Module] = {config.split_mode.server_segment: server.module}
+        # The hospital keeps the server's segment as structure only (meta tensors).
+        server = copy.deepcopy(split.segments[config.split_mode.server_segment])
+        server.load_state_dict(server_state, strict=True, assign=True)
+        modules: dict[int, torch.nn.Module] = {config.split_mode.server_segment: server}
         for name, party in self._clients().items():
             modules[config.split_mode.client_segments()[name]] = party.module
         ordered = [modules[i].eval() for i in sorted(modules)]

@@ -71,7 +71,7 @@ from medsplit.models import require_model_module, set_model_modules
 from medsplit.modes import load_extra_modes, mode_paths, require_mode
 from medsplit.protocol.handoff import import_parties
 from medsplit.training.defended import activation_account
-from medsplit.training.setup import cached_split, client_parties
+from medsplit.training.setup import client_parties, hospital_segments, hospital_split
 from medsplit.training.tasks import SEGMENTATION, get_task
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import TurnIds
@@ -161,7 +161,7 @@ def predict(config: AgentConfig, request: PredictRequest) -> Predictions:
             "them once the job completes (run it until then)"
         )
     images = load_for_prediction(request.paths, input_shape=tuple(model.input_shape))
-    split = cached_split(model, job_config.cuts)
+    split = hospital_split(model, job_config.cuts, hospital_segments(job_config))
     parties = client_parties(split, job_config)
     import_parties(final.read_bytes(), parties)
     noise = None

@@ -86,7 +86,7 @@ from medsplit.psi import PsiError
 from medsplit.training.config import TrainingConfig
 from medsplit.training.description import JobDescription
 from medsplit.training.schedule import turn_limits
-from medsplit.training.setup import JobModel, cached_split, client_parties
+from medsplit.training.setup import JobModel, client_parties, hospital_segments, hospital_split
 from medsplit.training.tasks import DEFAULT_TASK
 from medsplit.training.vertical_parts import participants_in_order
 from medsplit.turns import ClientOutcome, TurnClient, TurnIds
@@ -292,7 +292,7 @@ class TurnTaker:
                 self.on_data_problem(str(e))
                 self.coordinator.report_problem(job=job, turn=turn["id"], reason=str(e))
                 return None
-            split = cached_split(model, config.cuts)
+            split = hospital_split(model, config.cuts, hospital_segments(config))
             try:
                 start = self.start_state(assignment, config, split, wait=self.config.reply_timeout)
             except (SealError, PeerKeyRefused) as e:
@@ -446,7 +446,7 @@ class TurnTaker:
         final = self.keep_final(assignment)
         if final is None:
             return None  # the final weights are not on the relay yet: at the next poll
-        split = cached_split(model, config.cuts)
+        split = hospital_split(model, config.cuts, hospital_segments(config))
         ids = TurnIds(config.job, int(part["round"]), assignment.raw["position"], config.mode)
         client = evaluation_client(
             ids=ids,
@@ -1092,7 +1092,7 @@ class TurnTaker:
         """Take part in the assignment's open secure aggregation attempt with the state
         this hospital's last turn ended in (see :mod:`hospital_agent.secure_rounds`)."""
         config = assignment.config()
-        split = cached_split(assignment.model(), config.cuts)
+        split = hospital_split(assignment.model(), config.cuts, hospital_segments(config))
         state = (self.jobs_dir(assignment.job) / "state.safetensors").read_bytes()
         return self.secure.submit(
             job=assignment.job,

@@ -15,16 +15,27 @@ fresh secret key per session), with ``reveal_intersection`` set for the client::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import private_set_intersection.python as psi
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from medsplit.psi.errors import PsiError, PsiMessageError
 from medsplit.psi.identifiers import check_identifiers
 from medsplit.psi.messages import PsiRequest, PsiResponse, PsiSetup
 
+if TYPE_CHECKING:
+    import private_set_intersection.python as psi
+
 __all__ = ["DEFAULT_FALSE_POSITIVE_RATE", "PsiClient", "PsiServer", "ServerReply"]
+
+
+def _library() -> ModuleType:
+    """``openmined-psi``, imported at first use: with protobuf it is 4 MiB resident that
+    only a vertical job's parties need (every agent imports this package)."""
+    return importlib.import_module("private_set_intersection.python")
+
 
 DEFAULT_FALSE_POSITIVE_RATE = 1e-9
 """For a ``gcs`` setup: the chance that the whole run counts one identifier it should not."""
@@ -53,7 +64,7 @@ class PsiClient:
     def __init__(self, identifiers: Sequence[str], *, session: str) -> None:
         self.identifiers = check_identifiers(identifiers, source=f"client of {session}")
         self.session = session
-        self._psi = psi.client.CreateWithNewKey(True)
+        self._psi = _library().client.CreateWithNewKey(True)
         self._request: PsiRequest | None = None
 
     def request(self) -> bytes:
@@ -118,7 +129,7 @@ class PsiServer:
         self.structure = structure
         self.false_positive_rate = false_positive_rate
         self.client_size: int | None = None
-        self._psi = psi.server.CreateWithNewKey(True)
+        self._psi = _library().server.CreateWithNewKey(True)
 
     def answer(self, request: bytes) -> ServerReply:
         """The setup and response for the client's ``request``.
@@ -129,7 +140,7 @@ class PsiServer:
             PsiError: a ``gcs`` setup this large needs a larger false-positive rate.
         """
         parsed = PsiRequest.from_bytes(request, session=self.session)
-        proto = psi.Request(reveal_intersection=True, encrypted_elements=parsed.elements())
+        proto = _library().Request(reveal_intersection=True, encrypted_elements=parsed.elements())
         try:
             response = self._psi.ProcessRequest(proto)
         except RuntimeError as exc:
@@ -144,7 +155,7 @@ class PsiServer:
         rate = self.false_positive_rate
         if self.structure == "raw":
             proto = self._psi.CreateSetupMessage(
-                rate, client_size, list(self.identifiers), psi.DataStructure.RAW
+                rate, client_size, list(self.identifiers), _library().DataStructure.RAW
             )
             points = b"".join(sorted(proto.raw.encrypted_elements))
             return PsiSetup(self.session, answers, "raw", points=points)
@@ -157,7 +168,7 @@ class PsiServer:
                 "or the raw structure"
             )
         proto = self._psi.CreateSetupMessage(
-            rate, client_size, list(self.identifiers), psi.DataStructure.GCS
+            rate, client_size, list(self.identifiers), _library().DataStructure.GCS
         )
         gcs = proto.gcs
         return PsiSetup(
@@ -166,7 +177,7 @@ class PsiServer:
 
 
 def _setup_proto(setup: PsiSetup) -> psi.ServerSetup:
-    proto = psi.ServerSetup()
+    proto = _library().ServerSetup()
     if setup.structure == "raw":
         proto.raw.encrypted_elements.extend(setup.elements())
     else:
@@ -177,4 +188,4 @@ def _setup_proto(setup: PsiSetup) -> psi.ServerSetup:
 
 
 def _response_proto(response: PsiResponse) -> psi.Response:
-    return psi.Response(encrypted_elements=response.elements())
+    return _library().Response(encrypted_elements=response.elements())

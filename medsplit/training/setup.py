@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +22,7 @@ from medsplit.cutting import SplitModel, split_model
 from medsplit.models import build_model, is_factory_name, model_modules
 from medsplit.models.factory import build_factory_model
 from medsplit.protocol.party import Party
+from medsplit.runtime import release_freed_memory
 from medsplit.training.config import TrainingConfig
 
 
@@ -78,6 +81,42 @@ def cached_split(model: JobModel, cuts: tuple[str, ...]) -> SplitModel:
     (:func:`server_party`, :func:`client_parties`), so nothing trains the cached ones.
     """
     return model.split_at(cuts)
+
+
+@functools.lru_cache(maxsize=8)
+def hospital_split(model: JobModel, cuts: tuple[str, ...], held: frozenset[int]) -> SplitModel:
+    """``model`` cut at ``cuts`` as a hospital keeps it between turns: the segments
+    ``held`` with their initial weights, every other one (the server's) with its
+    structure, names and shapes only, on the ``meta`` device.
+
+    A hospital never runs the server's segment (a vanilla DenseNet121's is 26 MB of
+    weights it kept for nothing, ``docs/benchmarks.md``); what needs it hold it:
+    SplitOut's honest simulation (:func:`hospital_segments`), an export's check, which
+    loads the server's weights into a copy (``load_state_dict(..., assign=True)``).
+    Traced once per process and key, as :func:`cached_split`.
+    """
+    split = model.split_at(cuts)
+    kept = {id(t) for i in held for t in _tensors(split.segments[i])}
+    for index, segment in enumerate(split.segments):
+        # A tensor shared with a held segment (tied weights) keeps its segment whole.
+        if index not in held and not any(id(t) in kept for t in _tensors(segment)):
+            segment.to("meta")
+    release_freed_memory()
+    return split
+
+
+def hospital_segments(config: TrainingConfig) -> frozenset[int]:
+    """The segments a hospital of ``config``'s job needs with their weights: its own,
+    and all of them when it simulates honest training (hijacking detection SplitOut)."""
+    own = frozenset(config.split_mode.client_segments().values())
+    detection = config.privacy.hijack_detection
+    if detection is not None and detection.method == "splitout":
+        return own | frozenset(role.index for role in config.split_mode.segments())
+    return own
+
+
+def _tensors(module: torch.nn.Module) -> Iterable[torch.Tensor]:
+    return itertools.chain(module.parameters(), module.buffers())
 
 
 def server_party(split: SplitModel, config: TrainingConfig) -> Party:

@@ -5,7 +5,9 @@ cuts that cannot be honoured are refused with a message that names the problem."
 from __future__ import annotations
 
 import copy
+import gc
 import keyword
+import weakref
 
 import pytest
 import torch
@@ -166,6 +168,16 @@ def test_split_leaves_the_model_untouched_and_shares_no_storage() -> None:
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())
     assert {name: m.training for name, m in model.named_modules()} == flags
+
+
+def test_a_split_keeps_nothing_alive_once_it_is_dropped() -> None:
+    """What the cut planner learnt about a traced graph goes with the graph: a cache that
+    outlived it kept every model a process ever split (30 MB a DenseNet121 split)."""
+    split = split_model(build_model("small_cnn", seed=0), torch.zeros(2, 1, 28, 28), "pool1")
+    alive = [weakref.ref(p) for segment in split.segments for p in segment.parameters()]
+    del split
+    gc.collect()
+    assert [ref for ref in alive if ref() is not None] == []
 
 
 # --- parameter names are kept --------------------------------------------------------------

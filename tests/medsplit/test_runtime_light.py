@@ -1,6 +1,6 @@
 """What a party's process leaves unimported (issue 26, a lighter agent): deterministic
 kernels without TorchInductor, a split without ``torch._dynamo``, the agent's start
-without scikit-learn's neighbours.
+without scikit-learn's neighbours nor the PSI library (a vertical job's only).
 
 Each case runs in its own interpreter: what is imported is process-wide.
 """
@@ -69,15 +69,18 @@ print(json.dumps({"segments": len(split.segments), "dynamo": "torch._dynamo" in 
     assert result == {"segments": 2, "dynamo": False}
 
 
-def test_agent_start_does_not_import_sklearn_neighbours() -> None:
+def test_agent_start_does_not_import_sklearn_neighbours_nor_the_psi_library() -> None:
     result = _probe(
         """
 import json, sys
 import hospital_agent.cli
-print(json.dumps({"neighbours": "sklearn.neighbors" in sys.modules}))
+print(json.dumps({
+    "neighbours": "sklearn.neighbors" in sys.modules,
+    "psi": "private_set_intersection" in sys.modules,
+}))
 """
     )
-    assert result == {"neighbours": False}
+    assert result == {"neighbours": False, "psi": False}
 
 
 def test_release_freed_memory_gives_kept_pages_back() -> None:
