@@ -384,8 +384,8 @@ def test_every_reader_hands_plain_tensors_to_training(tmp_path: Path) -> None:
     front through MetaTensor's ``__torch_function__`` (measured: about 1.5 ms of a 20 ms
     small_cnn step). ``torch.as_tensor`` keeps the subclass; every reader drops it."""
     from hospital_agent.data import load_vertical
-    from hospital_agent.data.transforms import load_for_job, load_for_prediction
     from hospital_agent.data.masks import IMAGES_DIR, MASKS_DIR
+    from hospital_agent.data.transforms import load_for_job, load_for_prediction
 
     folder = png_folder(tmp_path, h=10, w=12)
     (tmp_path / "other.png").write_bytes((folder / "img0.png").read_bytes())
