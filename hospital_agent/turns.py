@@ -43,7 +43,12 @@ from hospital_agent.alignment import (
     align_records,
 )
 from hospital_agent.config import AgentConfig
-from hospital_agent.coordinator import Coordinator, CoordinatorError, TokenRefused
+from hospital_agent.coordinator import (
+    Coordinator,
+    CoordinatorError,
+    CoordinatorRefused,
+    TokenRefused,
+)
 from hospital_agent.data import (
     DataProblem,
     DataSource,
@@ -741,11 +746,10 @@ class TurnTaker:
         hand-off is recorded against the attempt that completed.
         """
         try:
-            fresh, _ = self.coordinator.assignments()
+            now = self._one(assignment.job).get("turn")
         except CoordinatorError as e:
             logger.warning("job %s: could not read the current turn (%s)", assignment.job, e)
             return turn
-        now = next((a.get("turn") for a in fresh if a.get("job") == assignment.job), None)
         if now and now.get("round") == turn["round"] and now.get("id") != turn["id"]:
             logger.info(
                 "job %s round %s: the turn completed as attempt %s (turn %s)",
@@ -1112,9 +1116,21 @@ class TurnTaker:
 
     def _fresh(self, assignment: Assignment) -> Assignment | None:
         """The assignment of the same job as the coordinator gives it now."""
-        fresh, _ = self.coordinator.assignments()
-        match = [a for a in fresh if a["job"] == assignment.job]
-        return Assignment(match[0]) if match else None
+        raw = self._one(assignment.job)
+        return Assignment(raw) if raw else None
+
+    def _one(self, job: int) -> dict[str, Any]:
+        """The coordinator's assignment of ``job`` now, ``{}`` where it has none (any more).
+
+        One job's answer, not the whole list: right after a turn, on the way to the next
+        hospital's, the list cost a serialized answer for every job this hospital is in.
+        """
+        try:
+            return self.coordinator.assignment(job)
+        except CoordinatorRefused as e:
+            if e.status == 404:
+                return {}
+            raise
 
     def _fresh_when_changed(
         self, assignment: Assignment, etag: str, deadline: float

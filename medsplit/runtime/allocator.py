@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -47,6 +48,13 @@ class AllocatorTuning:
 _done: AllocatorTuning | None = None
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    # Looked up once: find_library runs ldconfig (2-3 ms), and the agent trims after
+    # every assignment, on the way from one turn to the next.
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def keep_freed_memory() -> AllocatorTuning:
     """Raise glibc's mmap and trim thresholds for this process (once; later calls return
     the first result)."""
@@ -57,8 +65,7 @@ def keep_freed_memory() -> AllocatorTuning:
         _done = AllocatorTuning(False, f"{ENV} is off")
         return _done
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = _libc().mallopt
     except (OSError, AttributeError) as e:
         _done = AllocatorTuning(False, f"no mallopt in this C library: {e}")
         return _done
@@ -84,8 +91,7 @@ def release_freed_memory() -> bool:
     or nothing was released.
     """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = _libc().malloc_trim
     except (OSError, AttributeError):
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
