@@ -72,6 +72,10 @@ class Hospitals:
     reply_timeout: float = 60.0
     client: Callable[..., TurnClient] = TurnClient
     go_on_when_stopped: bool = False
+    #: Seconds each hospital waits before each frame it sends: a test that must act while
+    #: the job runs (a pause from the dashboard) gets seconds to do it in, instead of
+    #: stopping a process, which may hold a row lock the action needs.
+    send_delay: float = 0.0
     reports: list[ClientReport] = field(default_factory=list)
     relay_errors: list[str] = field(default_factory=list)
     resumed_at: dict[tuple[int, int], list[int]] = field(default_factory=dict)
@@ -110,6 +114,11 @@ class Hospitals:
             connections.close_all()  # this thread's, so that the test database can go
             self.done.set()
 
+    def _channel(self) -> RedisChannel:
+        if self.send_delay:
+            return _SlowChannel(self.redis_url, delay=self.send_delay)
+        return RedisChannel(self.redis_url)
+
     def _completed_at_the_server(self, round_: int, position: int) -> bool:
         return Turn.objects.filter(
             job=self.job, round__index=round_, position=position, status=Turn.Status.COMPLETED
@@ -120,7 +129,7 @@ class Hospitals:
         train, val = self.train[position], self.val[position]
         client = self.client(
             ids=TurnIds(config.job, round_, position, config.mode, config.codec),
-            channel=RedisChannel(self.redis_url),
+            channel=self._channel(),
             streams=relay_keys().streams(config.job, slug),
             split=self.split,
             parties=lambda: client_parties(self.split, config),
@@ -156,7 +165,7 @@ class Hospitals:
                     self.resumed_at[(round_, position)] = client.resumed_at
                     return
                 client.channel.close()
-                client.channel = RedisChannel(self.redis_url)
+                client.channel = self._channel()
                 continue
             self.reports.append(report)
             self.resumed_at[(round_, position)] = client.resumed_at
@@ -189,6 +198,18 @@ class Hospitals:
     def unsplit_weights(self) -> dict[str, torch.Tensor]:
         model = job_model(self.job).build()
         return train_unsplit(model, self.train, self.config, self.split).state_dict()
+
+
+class _SlowChannel(RedisChannel):
+    """A hospital's channel that waits ``delay`` seconds before each frame it sends."""
+
+    def __init__(self, url: str, *, delay: float) -> None:
+        super().__init__(url)
+        self.delay = delay
+
+    def send(self, stream: str, payload: bytes) -> None:
+        time.sleep(self.delay)
+        super().send(stream, payload)
 
 
 class _Stopped(Exception):
