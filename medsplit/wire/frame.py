@@ -388,13 +388,7 @@ def _parse_id(metadata: Mapping[str, str], name: str) -> int:
     return int(text)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise FrameError(f"tensor {key!r} is listed twice in frame metadata")
-        result[key] = value
-    return result
+_reject_duplicates = layout.unique_keys("tensor {key!r} is listed twice in frame metadata")
 
 
 def _read_meta(metadata: Mapping[str, str]) -> tuple[FrameMeta, dict[str, torch.dtype]]:

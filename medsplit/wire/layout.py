@@ -19,14 +19,21 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from medsplit.errors import FrameError
 
-__all__ = ["HEADER_LENGTH_BYTES", "STORED_DTYPES", "read_header", "read_tensors", "write"]
+__all__ = [
+    "HEADER_LENGTH_BYTES",
+    "STORED_DTYPES",
+    "read_header",
+    "read_tensors",
+    "unique_keys",
+    "write",
+]
 
 if sys.byteorder != "little":  # pragma: no cover - no such machine runs torch here
     raise ImportError("medsplit's wire format is little-endian; this machine is not")
@@ -145,13 +152,22 @@ def read_tensors(data: bytes, header: Mapping[str, Any], start: int) -> dict[str
     return tensors
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise FrameError(f"frame header lists {key!r} twice")
-        result[key] = value
-    return result
+def unique_keys(message: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A ``json.loads`` ``object_pairs_hook`` that refuses a key given twice (JSON keeps the
+    last one silently), with ``message`` formatted with ``key``."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise FrameError(message.format(key=key))
+            result[key] = value
+        return result
+
+    return hook
+
+
+_unique = unique_keys("frame header lists {key!r} twice")
 
 
 def _entry(name: str, entry: object) -> tuple[torch.dtype, tuple[int, ...], int, int]:
