@@ -93,7 +93,8 @@ def hospital_split(model: JobModel, cuts: tuple[str, ...], held: frozenset[int])
     weights it kept for nothing, ``docs/benchmarks.md``); what needs it hold it:
     SplitOut's honest simulation (:func:`hospital_segments`), an export's check, which
     loads the server's weights into a copy (``load_state_dict(..., assign=True)``).
-    Traced once per process and key, as :func:`cached_split`.
+    Traced once per process and key, as :func:`cached_split`; the freed weights are given
+    back to the system (``release_freed_memory``), or they would stay resident.
     """
     split = model.split_at(cuts)
     kept = {id(t) for i in held for t in _tensors(split.segments[i])}

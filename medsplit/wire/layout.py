@@ -11,7 +11,8 @@ Why not the library: on a short step its Python wrapper (numpy views of each ten
 search for shared storage, a second copy of the result into ``bytes``) cost 0.2-0.3 ms
 per 0.8 MB frame, and reading parsed the header a second time after the frame's own
 checks had parsed it (``docs/benchmarks.md``, "Where a short step goes"). The reader
-checks everything the library checks, and that a ``bool`` holds only 0 and 1.
+checks everything the library checks, and besides refuses dtypes no frame holds and a
+``bool`` byte other than 0 or 1.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medsplit.errors import FrameError
-from medsplit.wire import layout
+from medsplit.wire import ALLOWED_DTYPES, layout
 
 METADATA = {"kind": "activations", "note": 'é " \\ ✓'}
 
@@ -67,6 +67,10 @@ def test_each_reads_the_others_bytes_bit_for_bit() -> None:
     assert same(read(safetensors.torch.save(tensors, METADATA)), tensors)
     header, _ = layout.read_header(layout.write(tensors, METADATA))
     assert header["__metadata__"] == METADATA
+
+
+def test_every_dtype_a_frame_may_hold_is_one_the_layout_stores() -> None:
+    assert set(ALLOWED_DTYPES.values()) == set(layout.STORED_DTYPES.values())
 
 
 def test_tensors_read_own_their_memory() -> None:
