@@ -99,8 +99,12 @@ class RelayGuard:
         for key in found:
             pipe.memory_usage(key, samples=0)
         sizes = pipe.execute()
+        # A job's bounds once per check, not once per key: a hospital's keys are mostly
+        # the blobs it sealed for the others, n - 1 per turn, kept for days, and each
+        # look-up reads the database.
+        limits: dict[str | None, RelayLimits | None] = {}
         return [
-            KeyUse(key, int(size or 0), self._allowed(key, hospital))
+            KeyUse(key, int(size or 0), self._allowed(key, hospital, limits))
             for key, size in zip(found, sizes, strict=True)
         ]
 
@@ -111,18 +115,24 @@ class RelayGuard:
             return None
         return Overuse(hospital, sum(use.used for use in uses), tuple(uses))
 
-    def _allowed(self, key: str, hospital: str) -> int:
-        """What ``key`` may hold: by its kind, under the bounds of the job in its tag.
-        A key of a job the hospital takes no part in may hold nothing beyond a key's
-        own cost (an empty stream left over, say)."""
+    def _allowed(
+        self, key: str, hospital: str, limits: dict[str | None, RelayLimits | None]
+    ) -> int:
+        """What ``key`` may hold: by its kind, under the bounds of the job in its tag
+        (looked up in ``limits`` first, and kept there). A key of a job the hospital
+        takes no part in may hold nothing beyond a key's own cost (an empty stream left
+        over, say)."""
         tag = _TAG.search(key)
-        limits = self.limits_of(tag.group(1), hospital) if tag else None
-        if limits is None:
+        job = tag.group(1) if tag else None
+        if job not in limits:
+            limits[job] = self.limits_of(job, hospital) if job is not None else None
+        bounds = limits[job]
+        if bounds is None:
             return KEY_OVERHEAD
         if key.endswith(":seq"):
-            return limits.counter_bytes
+            return bounds.counter_bytes
         if key.startswith(self.keys.hospital_prefix(hospital)):
             if key.endswith((":agg:up", ":agg:down")):  # masked vectors, not frames
-                return limits.aggregation_stream_bytes or KEY_OVERHEAD
-            return limits.stream_bytes
-        return limits.blob_bytes + KEY_OVERHEAD
+                return bounds.aggregation_stream_bytes or KEY_OVERHEAD
+            return bounds.stream_bytes
+        return bounds.blob_bytes + KEY_OVERHEAD
