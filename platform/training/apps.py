@@ -27,8 +27,9 @@ def _wake_long_polls_on_change() -> None:
     (or of the hand-off it waits for) within a cache read, not a rebuild interval."""
     from django.db.models.signals import post_delete, post_save
 
+    from hospitals.models import Hospital
     from training import models
-    from training.api.long_poll import assignments_changed
+    from training.assignment_changes import assignments_changed, hospital_changed
 
     for model in (
         models.Job,
@@ -42,3 +43,4 @@ def _wake_long_polls_on_change() -> None:
     ):
         for signal in (post_save, post_delete):
             signal.connect(assignments_changed, sender=model, dispatch_uid=f"wake-{model.__name__}")
+    post_save.connect(hospital_changed, sender=Hospital, dispatch_uid="wake-Hospital")

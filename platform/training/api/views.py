@@ -29,7 +29,7 @@ from training import agent_services, selectors, services
 from training.aggregation import aggregation_submit
 from training.alignment import alignment_get, alignment_report, alignment_state
 from training.api.filters import JobFilter
-from training.api.long_poll import assignments_version, long_poll, wait_for_change
+from training.api.long_poll import long_poll, wait_for_change
 from training.api.serializers import (
     AggregationSerializer,
     AlignmentStateSerializer,
@@ -51,6 +51,7 @@ from training.api.serializers import (
     TransitionInputSerializer,
     TurnSerializer,
 )
+from training.assignment_changes import assignments_version
 from training.evaluation import agent_evaluation_problem, evaluation_request
 from training.inference import inference_request
 from training.leakage import leakage_report

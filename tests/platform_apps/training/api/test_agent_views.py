@@ -4,11 +4,15 @@ long-poll, hand-off records and failed preconditions."""
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
+import uuid
 
 import pytest
+import redis
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
@@ -24,11 +28,13 @@ from tests.platform_apps.training.api.test_views import error, jobs, started
 from training import services
 from training.api.long_poll import (
     REBUILD_SECONDS,
-    assignments_version,
+    SHARED_REBUILD_SECONDS,
+    rebuild_seconds,
     wait_for_change,
-    wake_long_polls,
 )
+from training.assignment_changes import assignments_version, wake_long_polls
 from training.models import HandOff, Job, Turn
+from training.states import JobState
 
 __all__ = ["jobs"]
 
@@ -154,6 +160,91 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
         )
     assert assignments_version(recipient.pk) == seen[recipient.pk] + 1
     assert assignments_version(sender.pk) == seen[sender.pk]
+
+
+def test_a_closed_job_and_a_new_identity_wake_the_polls_that_show_them(
+    jobs, hospital_a, hospital_b, hospital_c, django_capture_on_commit_callbacks
+) -> None:
+    # Closing a job fails its running turn with QuerySet.update, which sends no signal.
+    job = started(jobs["ac"])
+    seen = {h.pk: assignments_version(h.pk) for h in (hospital_a, hospital_b, hospital_c)}
+    with django_capture_on_commit_callbacks(execute=True):
+        services._close_open_work(job, JobState.CANCELLED, timezone.now())
+    now = {h: assignments_version(h) for h in seen}
+    assert now[hospital_a.pk] > seen[hospital_a.pk] and now[hospital_c.pk] > seen[hospital_c.pk]
+    assert now[hospital_b.pk] == seen[hospital_b.pk]
+    # A new identity key of hospital a shows in the answers of everyone in its jobs (c);
+    # its heartbeat's save shows in none.
+    with django_capture_on_commit_callbacks(execute=True):
+        hospital_a.last_seen_at = timezone.now()
+        hospital_a.save(update_fields=["last_seen_at"])
+    assert {h: assignments_version(h) for h in seen} == now
+    with django_capture_on_commit_callbacks(execute=True):
+        with_keys(hospital_a)
+        hospital_a.save(update_fields=["identity_key", "identity_fingerprint"])
+    later = {h: assignments_version(h) for h in seen}
+    assert later[hospital_c.pk] > now[hospital_c.pk] and later[hospital_a.pk] > now[hospital_a.pk]
+    assert later[hospital_b.pk] == now[hospital_b.pk]
+
+
+@pytest.fixture
+def shared_cache(settings) -> str:
+    """The coordinator's cache on the real Redis, as in a deployment (every process's
+    bumps seen by every other); its keys under a prefix of this test's."""
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefix = f"test-long-poll-{uuid.uuid4().hex[:8]}"
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": prefix,
+        }
+    }
+    yield url
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+def test_waiting_polls_on_a_shared_cache_wake_on_another_process_s_bump_only_their_own(
+    shared_cache,
+) -> None:
+    from django.core.cache import cache
+
+    from training.assignment_changes import _version_key
+
+    assert rebuild_seconds() == SHARED_REBUILD_SECONDS  # every change bumps: rarely rebuilt
+    hospitals = [10**9 + i for i in range(4)]
+    wake_long_polls(hospitals)
+    seen = {h: assignments_version(h) for h in hospitals}
+    answers: dict[int, tuple[int, float]] = {}
+    began = time.monotonic()
+
+    def poll(hospital: int) -> None:
+        value = wait_for_change(hospital, seen[hospital], until=began + 1.5)
+        answers[hospital] = (value, time.monotonic() - began)
+
+    threads = [threading.Thread(target=poll, args=(h,)) for h in hospitals]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    # Another process (the worker) bumps hospital 2's counter: no poke reaches this one,
+    # so only the watcher's read of the shared cache can wake the poll.
+    other_process = redis.Redis.from_url(shared_cache)
+    try:
+        other_process.incr(cache.make_key(_version_key(hospitals[2])))
+    finally:
+        other_process.close()
+    for thread in threads:
+        thread.join(5)
+    value, after = answers[hospitals[2]]
+    assert value == seen[hospitals[2]] + 1 and after < 0.7
+    for hospital in (hospitals[0], hospitals[1], hospitals[3]):
+        value, after = answers[hospital]
+        assert value == seen[hospital] and after >= 1.5  # waited out its deadline
 
 
 def test_a_waiting_long_poll_wakes_on_a_bump_and_rebuilds_without_one() -> None:
