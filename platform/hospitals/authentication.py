@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
@@ -13,6 +14,9 @@ from kernel import secrets
 from kernel.api.bearer import KEYWORD, bearer_token
 
 TOKEN_PREFIX = "msa"
+#: How stale a token's ``last_used_at`` may get: writing it at every request put a
+#: database write on each of an agent's polls, heartbeats and records.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class AgentPrincipal:
 class AgentTokenAuthentication(authentication.BaseAuthentication):
     """Looks the token up by key id and compares its hash in constant time.
 
-    A revoked token fails on the next request: nothing is cached.
+    A revoked token fails on the next request: nothing is cached. Its ``last_used_at``
+    is kept to the minute (:data:`LAST_USED_RESOLUTION`).
     """
 
     keyword = KEYWORD
@@ -57,7 +62,9 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("this agent token was revoked")
         if token.hospital.status == Hospital.Status.SUSPENDED:
             raise exceptions.AuthenticationFailed("this hospital is suspended")
-        AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+            AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return AgentPrincipal(token.hospital), token
 
     def authenticate_header(self, request: Request) -> str:

@@ -85,21 +85,46 @@ def assignments_changed(
     sender: type, instance: object, update_fields: Iterable[str] | None = None, **_: object
 ) -> None:
     """A signal receiver for a saved or deleted job, or a row of one (with ``job_id``):
-    wake its participants' long-polls once the current transaction commits. Woken
-    before the commit, a poll would build the same answer again and wait on."""
+    wake the long-polls of the participants whose answers show it, once the current
+    transaction commits. Woken before the commit, a poll would build the same answer
+    again and wait on."""
     from training.models import HandOff, Job, Turn
 
     if sender is Turn and update_fields and PROGRESS_FIELDS.issuperset(update_fields):
         return
     if isinstance(instance, HandOff):
-        # Only its recipient's answer shows it (``handoffs_to_me``): after each turn the
-        # sender records one per other participant, which would wake every poll n - 1 times.
-        recipient = instance.recipient_id
-        transaction.on_commit(lambda: wake_long_polls([recipient]))
+        handoff = instance
+        transaction.on_commit(lambda: _wake_recipient(handoff))
+        return
+    if isinstance(instance, Turn) and instance.status != Turn.Status.COMPLETED:
+        # Another hospital's answer shows a turn once it completed (where the next one
+        # starts from); before, only its own hospital's does. Ten polls rebuilt at every
+        # turn's start, and at each turn of a new round, for one that mattered.
+        hospital = instance.hospital_id
+        transaction.on_commit(lambda: wake_long_polls([hospital]))
         return
     job_id = instance.pk if isinstance(instance, Job) else getattr(instance, "job_id", None)
     if job_id is not None:
         transaction.on_commit(lambda: wake_job(job_id))
+
+
+def _wake_recipient(handoff: object) -> None:
+    """A hand-off shows only in its recipient's answer (``handoffs_to_me``), and matters
+    to it only while it waits for it: in its own running turn, or for the final weights
+    of a job that ended. Its other polls would build a new answer n - 1 times a turn for
+    nothing; the start of its next turn shows the hand-off anyway."""
+    from training.models import Job, Turn
+    from training.states import TERMINAL
+
+    job_id, recipient = handoff.job_id, handoff.recipient_id  # type: ignore[attr-defined]
+    waiting = (
+        Turn.objects.filter(
+            job_id=job_id, hospital_id=recipient, status=Turn.Status.RUNNING
+        ).exists()
+        or Job.objects.filter(pk=job_id, state__in=list(TERMINAL)).exists()
+    )
+    if waiting:
+        wake_long_polls([recipient])
 
 
 def changed_without_signal(job_id: int) -> None:

@@ -29,7 +29,7 @@ from training import agent_services, selectors, services
 from training.aggregation import aggregation_submit
 from training.alignment import alignment_get, alignment_report, alignment_state
 from training.api.filters import JobFilter
-from training.api.long_poll import long_poll, wait_for_change
+from training.api.long_poll import ANSWERS_BUILT, long_poll, wait_for_change
 from training.api.serializers import (
     AggregationSerializer,
     AlignmentStateSerializer,
@@ -444,6 +444,8 @@ class AgentAssignmentListView(APIView):
             # then seen as a change, and the answer built again.
             hospital_id = actor.hospital.pk
             seen = assignments_version(hospital_id) if granted else 0
+            if granted and ANSWERS_BUILT.holds(hospital_id, seen, known):
+                seen = wait_for_change(hospital_id, seen, until=deadline)  # it holds this one
             while True:
                 data = AssignmentSerializer(
                     selectors.agent_assignments(actor=actor),
@@ -453,6 +455,7 @@ class AgentAssignmentListView(APIView):
                 etag = hashlib.sha256(
                     json.dumps(data, sort_keys=True, default=str).encode()
                 ).hexdigest()[:32]
+                ANSWERS_BUILT.record(hospital_id, seen, etag)
                 if etag != known or time.monotonic() >= deadline:
                     break
                 seen = wait_for_change(hospital_id, seen, until=deadline)

@@ -12,6 +12,8 @@ import uuid
 import pytest
 import redis
 from cryptography.hazmat.primitives.asymmetric.mldsa import MLDSA65PrivateKey
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -135,20 +137,23 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
     now = {h: assignments_version(h) for h in before}
     assert now[hospital_a.pk] > before[hospital_a.pk] and now[hospital_c.pk] > before[hospital_c.pk]
     assert now[hospital_b.pk] == before[hospital_b.pk]
-    with django_capture_on_commit_callbacks(execute=True):
-        Turn.objects.filter(job=job).first().save()
-    assert assignments_version(hospital_a.pk) == now[hospital_a.pk] + 1
-    # A running turn's progress is no part of an assignment: it wakes nobody.
+    # A running turn shows in its own hospital's answer only: saving it wakes that one.
     turn = Turn.objects.get(job=job, status=Turn.Status.RUNNING)
+    sender = turn.hospital
+    recipient = hospital_c if sender == hospital_a else hospital_a
+    with django_capture_on_commit_callbacks(execute=True):
+        turn.save()
+    assert assignments_version(sender.pk) == now[sender.pk] + 1
+    assert assignments_version(recipient.pk) == now[recipient.pk]
+    # A running turn's progress is no part of an assignment: it wakes nobody.
     with django_capture_on_commit_callbacks(execute=True):
         services.turn_record_progress(
             turn=turn, steps=4, samples=64, bytes_up=400, bytes_down=360, loss=0.6
         )
     assert Turn.objects.get(pk=turn.pk).steps == 4
-    assert assignments_version(hospital_a.pk) == now[hospital_a.pk] + 1
-    # A hand-off shows in its recipient's answer only: it wakes the recipient only.
-    sender = turn.hospital
-    recipient = hospital_c if sender == hospital_a else hospital_a
+    assert assignments_version(sender.pk) == now[sender.pk] + 1
+    # A hand-off shows in its recipient's answer only, and matters to it only while it
+    # waits for it (its own turn running, or the job ended): not before its turn.
     seen = {h.pk: assignments_version(h.pk) for h in (sender, recipient)}
     with django_capture_on_commit_callbacks(execute=True):
         services.handoff_record(
@@ -158,8 +163,39 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
             ciphertext_sha256=hashlib.sha256(b"sealed").hexdigest(),
             size_bytes=4096,
         )
-    assert assignments_version(recipient.pk) == seen[recipient.pk] + 1
-    assert assignments_version(sender.pk) == seen[sender.pk]
+    assert {h: assignments_version(h) for h in seen} == seen
+    # Its turn completed (everyone's answer shows where the next turn starts) and the
+    # recipient's began: now a hand-off wakes it.
+    with django_capture_on_commit_callbacks(execute=True):
+        turn.status = Turn.Status.COMPLETED
+        turn.save()
+    woken = {h: assignments_version(h) for h in seen}
+    assert all(woken[h] == seen[h] + 1 for h in seen)
+    with django_capture_on_commit_callbacks(execute=True):
+        mine = services.turn_start_next(job=job)
+    assert mine.hospital == recipient
+    assert assignments_version(recipient.pk) == woken[recipient.pk] + 1
+    assert assignments_version(sender.pk) == woken[sender.pk]
+    with django_capture_on_commit_callbacks(execute=True):
+        services.handoff_record(
+            turn=turn,
+            sender=sender,
+            recipient=recipient,
+            ciphertext_sha256=hashlib.sha256(b"sealed").hexdigest(),
+            size_bytes=4096,
+        )  # the same record again: nothing new, nobody woken
+        HandOff.objects.filter(turn=turn).delete()
+    assert assignments_version(recipient.pk) == woken[recipient.pk] + 2  # the delete
+    with django_capture_on_commit_callbacks(execute=True):
+        services.handoff_record(
+            turn=turn,
+            sender=sender,
+            recipient=recipient,
+            ciphertext_sha256=hashlib.sha256(b"sealed again").hexdigest(),
+            size_bytes=4096,
+        )
+    assert assignments_version(recipient.pk) == woken[recipient.pk] + 3
+    assert assignments_version(sender.pk) == woken[sender.pk]
 
 
 def test_a_closed_job_and_a_new_identity_wake_the_polls_that_show_them(
@@ -378,3 +414,26 @@ def test_no_recipient_key_for_a_job_not_ones_own_or_ended(
     error(agent_a.post(url, mine.to_json(), format="json"), 409, "conflict")
     Job.objects.filter(pk=job.pk).update(state="completed", finished_at=job.started_at)
     error(agent_a.post(url, mine.to_json(), format="json"), 409, "conflict")
+
+
+def _builds(queries) -> int:
+    return sum('FROM "training_job"' in q["sql"] for q in queries)
+
+
+@pytest.mark.parametrize("cache", ["shared", "local"])
+def test_a_poll_holding_the_answer_last_built_waits_before_building_it_again(
+    cache, request, agent_a, jobs
+) -> None:
+    if cache == "shared":
+        request.getfixturevalue("shared_cache")
+    first = agent_a.get("/api/agent/assignments/", {"wait": 0.3})
+    with CaptureQueriesContext(connection) as queries:
+        held = agent_a.get("/api/agent/assignments/", {"wait": 0.3, "etag": first["ETag"]})
+    assert held["ETag"] == first["ETag"] and held.json() == first.json()
+    # Shared: nothing bumped since that answer was built, so it is built once, at the end;
+    # a process-local cache cannot tell (the worker's changes bump another process's).
+    assert _builds(queries) == (1 if cache == "shared" else 2)
+    started(jobs["ac"])  # bumps: the next poll builds at once and answers the change
+    with CaptureQueriesContext(connection) as queries:
+        changed = agent_a.get("/api/agent/assignments/", {"wait": 30, "etag": held["ETag"]})
+    assert changed["ETag"] != held["ETag"] and _builds(queries) == 1
