@@ -587,6 +587,22 @@ def test_an_agent_rotates_its_token_and_the_old_one_dies(hospital_a, agent_clien
     assert rotated.details["new_key_id"] == response.json()["key_id"]
 
 
+def test_a_token_s_last_use_is_kept_to_the_minute(hospital_a, agent_client) -> None:
+    agent = agent_client(hospital_a)
+    assert agent.post("/api/agent/heartbeat/", heartbeat()).status_code == 200
+    token = AgentToken.objects.get(hospital=hospital_a, revoked_at__isnull=True)
+    first = token.last_used_at
+    assert first is not None
+    # Within the minute: no write (an agent's every poll, heartbeat and record wrote it).
+    assert agent.get("/api/agent/assignments/").status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at == first
+    AgentToken.objects.filter(pk=token.pk).update(last_used_at=first - timedelta(seconds=61))
+    assert agent.get("/api/agent/assignments/").status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at > first
+
+
 @pytest.mark.parametrize(
     "who", ["consortium_admin", "hospital_admin", "observer", "no_role_person"]
 )
