@@ -193,16 +193,13 @@ class Coordinator:
         """The audit chain's head (its sequence number and hash)."""
         return self._call("GET", "/api/agent/audit/chain/", params={"after": 0, "limit": 1})["head"]
 
-    def record_handoff(
-        self, *, job: int, turn: int, recipient: str, ciphertext_sha256: str, size_bytes: int
-    ) -> dict[str, Any]:
-        body = {
-            "turn": turn,
-            "recipient": recipient,
-            "ciphertext_sha256": ciphertext_sha256,
-            "size_bytes": size_bytes,
-        }
-        return self._call("POST", f"/api/agent/assignments/{job}/handoffs/", json=body)
+    def record_handoffs(
+        self, *, job: int, turn: int, sealed: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Record several blobs sealed after ``turn`` in one request, all or none: each a
+        ``recipient``, ``ciphertext_sha256`` and ``size_bytes``."""
+        body = {"turn": turn, "handoffs": sealed}
+        return self._call("POST", f"/api/agent/assignments/{job}/handoffs/batch/", json=body)
 
     def audit_chain(self, *, after: int) -> dict[str, Any]:
         """The audit chain's links after sequence number ``after``, and its head."""

@@ -198,6 +198,8 @@ class Agent:
                 taker.take(assignment)
             elif raw["state"] == "running" and _owes_submission(raw, taker.me):
                 taker.submit_secure(assignment)
+            else:
+                taker.warm(assignment)  # its turn is still to come
         except (HandoffMissing, CoordinatorError) as e:
             if isinstance(e, TokenRefused):
                 raise

@@ -262,13 +262,7 @@ class TurnTaker:
         # The hand-over's phases are read off these lines (bench/bench_scaling.py).
         logger.info("job %s round %s: turn %s assigned", assignment.job, turn["round"], turn["id"])
         try:
-            # Before anything is built: only a mode this agent was configured with runs,
-            # and only a factory model from a module it lists (nothing of it imported).
-            require_mode(assignment.mode, setting=EXTRA_MODES_SETTING)
-            described = assignment.description()
-            # Every party builds every vertical party's model (the join's shapes).
-            for name in [described.model, *(f.model.name for f in described.party_fronts())]:
-                require_model_module(name)
+            described = self._buildable(assignment)
         except (ConfigError, UnknownModelError) as e:  # a mode, a module, a description
             logger.error("job %s: %s", assignment.job, e)
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
@@ -409,6 +403,35 @@ class TurnTaker:
             if privacy is not None:
                 self.audit_privacy(privacy, client, data)
         return outcome
+
+    @staticmethod
+    def _buildable(assignment: Assignment) -> JobDescription:
+        """The job's description, once its mode and models may be built here.
+
+        Raises:
+            ConfigError: a mode this agent was not configured with, or a bad description.
+            UnknownModelError: a factory model from a module this agent does not list
+                (nothing of it is imported).
+        """
+        require_mode(assignment.mode, setting=EXTRA_MODES_SETTING)
+        described = assignment.description()
+        # Every party builds every vertical party's model (the join's shapes).
+        for name in [described.model, *(f.model.name for f in described.party_fronts())]:
+            require_model_module(name)
+        return described
+
+    def warm(self, assignment: Assignment) -> None:
+        """Cut the job's model as this hospital keeps it before its first turn comes: the
+        trace (a tenth of a second for a small network, seconds for a large one) is then
+        off the hand-over's path. What cannot be built is left for :meth:`take` to report."""
+        try:
+            self._buildable(assignment)
+            config = assignment.config()
+            if config.split_mode.feature_sets:
+                return  # a vertical party builds its front in the turn, from its alignment
+            hospital_split(assignment.model(), config.cuts, hospital_segments(config))
+        except (ConfigError, UnknownModelError) as e:
+            logger.debug("job %s: not cut ahead of the turn: %s", assignment.job, e)
 
     def evaluate(self, assignment: Assignment) -> ClientOutcome | None:
         """Take part in the running evaluation of the completed job's final model: this
@@ -1030,19 +1053,24 @@ class TurnTaker:
         deadline = time.monotonic() + self.config.reply_timeout
         sealed, refused = 0, []
         while pending:
-            waiting = []
+            waiting, records = [], []
             for other in pending:
                 if not other.get("recipient_key"):
                     waiting.append(other["hospital"])
                     continue
                 try:
-                    self._seal_for(assignment, turn, other, state)
-                    sealed += 1
+                    records.append(self._seal_for(assignment, turn, other, state))
                 except (PeerKeyRefused, SealError) as e:
                     logger.error(
                         "job %s: not sealing for %s: %s", assignment.job, other["hospital"], e
                     )
                     refused.append(other["hospital"])
+                if not sealed and records:
+                    # The next hospital (first in ``others``) waits for its seal alone: it
+                    # is recorded at once, the others' together once all are sealed.
+                    sealed += self._record(assignment, turn, records)
+                    records = []
+            sealed += self._record(assignment, turn, records)
             if not waiting:
                 break
             if time.monotonic() > deadline or self.stopping.wait(1.0):
@@ -1065,7 +1093,9 @@ class TurnTaker:
 
     def _seal_for(
         self, assignment: Assignment, turn: dict[str, Any], other: dict[str, Any], state: bytes
-    ) -> None:
+    ) -> dict[str, Any]:
+        """Seal ``state`` for ``other`` and leave it on the relay; the record of it for
+        the coordinator (recipient, hash, size)."""
         recipient = other["hospital"]
         identity = self.pins.identity(other)
         signed = SignedRecipientKey.from_json(
@@ -1084,13 +1114,15 @@ class TurnTaker:
             ),
             topic=self._topic(assignment, turn["round"]),
         )
-        self.coordinator.record_handoff(
-            job=assignment.job,
-            turn=turn["id"],
-            recipient=recipient,
-            ciphertext_sha256=digest,
-            size_bytes=size,
-        )
+        return {"recipient": recipient, "ciphertext_sha256": digest, "size_bytes": size}
+
+    def _record(
+        self, assignment: Assignment, turn: dict[str, Any], records: list[dict[str, Any]]
+    ) -> int:
+        """Tell the coordinator what was sealed (one request for them all); how many."""
+        if records:
+            self.coordinator.record_handoffs(job=assignment.job, turn=turn["id"], sealed=records)
+        return len(records)
 
     def submit_secure(self, assignment: Assignment) -> str:
         """Take part in the assignment's open secure aggregation attempt with the state

@@ -8,6 +8,9 @@ Each checks that the turn is the calling agent's own, then calls
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,7 +27,9 @@ from training.dispatch import job_changed_on_commit
 from training.models import HandOff, Job, JobParticipant, Turn
 from training.services import (
     EXTRA_MODES_SETTING,
+    SealedFor,
     handoff_record,
+    handoffs_record,
     turn_fail,
     turn_record_hospital_loss,
 )
@@ -156,6 +161,41 @@ def agent_handoff_record(
         recipient=target,
         ciphertext_sha256=ciphertext_sha256,
         size_bytes=size_bytes,
+    )
+
+
+def agent_handoffs_record(
+    *, actor: Actor, job_id: int, turn_id: int, sealed: Sequence[Mapping[str, Any]]
+) -> list[HandOff]:
+    """Record that the calling agent sealed its weights after ``turn_id`` for each
+    recipient of ``sealed`` (``recipient``, ``ciphertext_sha256``, ``size_bytes``), all or
+    none (``handoffs_record``).
+
+    Raises:
+        PermissionDenied: not an agent.
+        NotFound: the turn is not this agent's.
+        InvalidInput: an unknown recipient, bad hash or size (see ``handoffs_record``).
+        Conflict: the turn is not running or completed, or another blob was recorded.
+    """
+    require_agent(actor, "record a hand-off")
+    turn = _own_turn(actor, job_id, turn_id)
+    slugs = [entry["recipient"] for entry in sealed]
+    hospitals = {h.slug: h for h in Hospital.objects.filter(slug__in=slugs)}
+    unknown = [slug for slug in slugs if slug not in hospitals]
+    if unknown:
+        raise InvalidInput(
+            "the hand-off record is not valid",
+            details={"recipient": [f"no hospital {slug!r}" for slug in unknown]},
+        )
+    return handoffs_record(
+        turn=turn,
+        sender=actor.hospital,
+        sealed=[
+            SealedFor(
+                hospitals[entry["recipient"]], entry["ciphertext_sha256"], entry["size_bytes"]
+            )
+            for entry in sealed
+        ],
     )
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -729,82 +730,134 @@ def turn_fail(*, turn: Turn, reason: str) -> Turn:
     return locked
 
 
+@dataclass(frozen=True)
+class SealedFor:
+    """One blob a hospital sealed after its turn: for whom, its SHA-256 and size."""
+
+    recipient: Hospital
+    ciphertext_sha256: str
+    size_bytes: int
+
+
 def handoff_record(
     *, turn: Turn, sender: Hospital, recipient: Hospital, ciphertext_sha256: str, size_bytes: int
 ) -> HandOff:
-    """Record that ``sender`` handed its front's weights to ``recipient`` after ``turn``.
+    """Record that ``sender`` handed its front's weights to ``recipient`` after ``turn``
+    (:func:`handoffs_record` with one blob)."""
+    return handoffs_record(
+        turn=turn,
+        sender=sender,
+        sealed=[SealedFor(recipient, ciphertext_sha256, size_bytes)],
+    )[0]
 
-    Only metadata is stored: the ciphertext's size and SHA-256. The ciphertext itself
-    (weights encrypted for the recipient's key) travels through the relay and is never
-    stored by the coordinator, in clear or otherwise.
 
-    Idempotent: the same record again returns the first one.
+def handoffs_record(*, turn: Turn, sender: Hospital, sealed: Sequence[SealedFor]) -> list[HandOff]:
+    """Record that ``sender`` handed its front's weights after ``turn`` to each recipient
+    of ``sealed``, all or none, in one transaction (an agent seals for every other
+    participant after its turn: one request, not n - 1).
+
+    Only metadata is stored: each ciphertext's size and SHA-256. The ciphertexts
+    themselves (weights encrypted for each recipient's key) travel through the relay and
+    are never stored by the coordinator, in clear or otherwise.
+
+    Idempotent: a record made before, the same again, is returned as it was.
 
     Raises:
-        InvalidInput: bad hash or size, the sender did not take the turn, or the
-            recipient is not another participant of the job.
-        Conflict: the turn is not running or completed, or it was already handed off
-            with a different ciphertext.
+        InvalidInput: no blob, bad hash or size, the sender did not take the turn, a
+            recipient named twice, or one that is not another participant of the job
+            (the details name each; nothing is recorded).
+        Conflict: the turn is not running or completed, or it was already handed off to
+            a recipient with a different ciphertext (nothing is recorded).
     """
     bad: dict[str, list[str]] = {}
-    if not isinstance(ciphertext_sha256, str) or not _SHA256.fullmatch(ciphertext_sha256):
-        bad["ciphertext_sha256"] = ["must be 64 lower-case hexadecimal digits"]
-    if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes < 1:
-        bad["size_bytes"] = ["must be an integer >= 1"]
+    if not sealed:
+        bad["handoffs"] = ["name at least one recipient"]
     if sender.pk != turn.hospital_id:
         bad["sender"] = [f"turn {turn.pk} was not taken by {sender.slug!r}"]
-    if recipient.pk == sender.pk:
-        bad["recipient"] = ["a hospital does not hand off to itself"]
-    elif not JobParticipant.objects.filter(job_id=turn.job_id, hospital=recipient).exists():
-        bad["recipient"] = [f"{recipient.slug!r} does not take part in job {turn.job_id}"]
+    members = set(
+        JobParticipant.objects.filter(job_id=turn.job_id).values_list("hospital_id", flat=True)
+    )
+    seen: set[int] = set()
+    for blob in sealed:
+        slug = blob.recipient.slug
+        if not isinstance(blob.ciphertext_sha256, str) or not _SHA256.fullmatch(
+            blob.ciphertext_sha256
+        ):
+            bad.setdefault("ciphertext_sha256", []).append(
+                f"for {slug!r}: must be 64 lower-case hexadecimal digits"
+            )
+        size = blob.size_bytes
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            bad.setdefault("size_bytes", []).append(f"for {slug!r}: must be an integer >= 1")
+        if blob.recipient.pk == sender.pk:
+            bad.setdefault("recipient", []).append("a hospital does not hand off to itself")
+        elif blob.recipient.pk not in members:
+            bad.setdefault("recipient", []).append(
+                f"{slug!r} does not take part in job {turn.job_id}"
+            )
+        elif blob.recipient.pk in seen:
+            bad.setdefault("recipient", []).append(f"{slug!r} is named twice")
+        seen.add(blob.recipient.pk)
     if bad:
         raise InvalidInput("the hand-off record is not valid", details=bad)
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=turn.job_id)
         locked = Turn.objects.select_for_update().get(pk=turn.pk)
-        existing = HandOff.objects.filter(turn=locked, recipient=recipient).first()
-        if existing is not None:
-            same = (existing.ciphertext_sha256, existing.size_bytes, existing.recipient_id) == (
-                ciphertext_sha256,
-                size_bytes,
-                recipient.pk,
-            )
-            if same:
-                return existing
-            raise Conflict(
-                f"turn {locked.pk} was already handed off to {recipient.slug!r} with another "
-                "ciphertext",
-                details={"ciphertext_sha256": existing.ciphertext_sha256},
-            )
-        if locked.status not in (Turn.Status.RUNNING, Turn.Status.COMPLETED):
+        existing = {
+            h.recipient_id: h
+            for h in HandOff.objects.filter(turn=locked, recipient_id__in=list(seen))
+        }
+        for blob in sealed:
+            held = existing.get(blob.recipient.pk)
+            if held is not None and (held.ciphertext_sha256, held.size_bytes) != (
+                blob.ciphertext_sha256,
+                blob.size_bytes,
+            ):
+                raise Conflict(
+                    f"turn {locked.pk} was already handed off to {blob.recipient.slug!r} "
+                    "with another ciphertext",
+                    details={"ciphertext_sha256": held.ciphertext_sha256},
+                )
+        if len(existing) < len(sealed) and locked.status not in (
+            Turn.Status.RUNNING,
+            Turn.Status.COMPLETED,
+        ):
             raise Conflict(
                 f"turn {locked.pk} is {locked.status}; only a running or completed turn "
                 "hands off its weights",
                 details={"status": locked.status},
             )
-        handoff = HandOff.objects.create(
-            job=job,
-            turn=locked,
-            sender=sender,
-            recipient=recipient,
-            ciphertext_sha256=ciphertext_sha256,
-            size_bytes=size_bytes,
-            created_at=timezone.now(),
-        )
-        _audit(
-            _system(),
-            "handoff.recorded",
-            job,
-            hospital=sender.slug,
-            details={
-                "turn": locked.pk,
-                "sender": sender.slug,
-                "recipient": recipient.slug,
-                "size_bytes": size_bytes,
-                "ciphertext_sha256": ciphertext_sha256,
-            },
-        )
-    return handoff
+        recorded = []
+        for blob in sealed:
+            held = existing.get(blob.recipient.pk)
+            if held is not None:
+                recorded.append(held)
+                continue
+            recorded.append(
+                HandOff.objects.create(
+                    job=job,
+                    turn=locked,
+                    sender=sender,
+                    recipient=blob.recipient,
+                    ciphertext_sha256=blob.ciphertext_sha256,
+                    size_bytes=blob.size_bytes,
+                    created_at=timezone.now(),
+                )
+            )
+            _audit(
+                _system(),
+                "handoff.recorded",
+                job,
+                hospital=sender.slug,
+                details={
+                    "turn": locked.pk,
+                    "sender": sender.slug,
+                    "recipient": blob.recipient.slug,
+                    "size_bytes": blob.size_bytes,
+                    "ciphertext_sha256": blob.ciphertext_sha256,
+                },
+            )
+    return recorded
 
 
 # -- helpers ----------------------------------------------------------------------------

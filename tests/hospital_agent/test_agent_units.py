@@ -377,6 +377,51 @@ def test_a_factory_model_from_a_module_this_agent_does_not_list_is_refused_befor
     assert not marked.imported()
 
 
+def test_a_job_s_model_is_cut_before_its_turn_comes_and_never_from_an_unlisted_module(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``warm`` traces the split the turn will use (off the hand-over's path); what may not
+    be built here is left alone (its module never imported) for the turn to report."""
+    from hospital_agent.turns import MODEL_MODULES_SETTING, TurnTaker
+    from medsplit.training.description import JobDescription
+    from medsplit.training.setup import hospital_segments, hospital_split
+    from tests.model_modules import ARGS, listed, marked_module
+
+    described = JobDescription(
+        model="small_cnn",
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=2,
+        input_shape=(1, 28, 28),
+        cuts=("pool1",),
+        seed=uuid.uuid4().int % 2**31,  # a job of its own: not cut before in this process
+    )
+    assignment = Assignment({"job": 11, "description": described.to_json(), "turn": None})
+    taker = object.__new__(TurnTaker)  # nothing else of it is reached
+    config = assignment.config()
+    key = (assignment.model(), config.cuts, hospital_segments(config))
+    before = hospital_split.cache_info()
+    taker.warm(assignment)
+    assert hospital_split.cache_info().misses == before.misses + 1
+    hospital_split(*key)  # the turn's own call finds it cut
+    assert hospital_split.cache_info().hits == before.hits + 1
+
+    marked = marked_module(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    factory = JobDescription(
+        model=marked.factory,
+        model_args=ARGS,
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=2,
+        input_shape=(1, 28, 28),
+        cuts=("pool1",),
+    ).to_json()
+    with listed(["monai"], setting=MODEL_MODULES_SETTING):
+        taker.warm(Assignment({"job": 12, "description": factory, "turn": None}))
+    assert not marked.imported()
+
+
 def test_the_agent_builds_its_model_and_config_from_the_description() -> None:
     from medsplit.training.description import JobDescription
 

@@ -57,6 +57,11 @@ urlpatterns = [
         name="agent-handoffs",
     ),
     path(
+        "agent/assignments/<int:job_id>/handoffs/batch/",
+        views.AgentHandoffsView.as_view(),
+        name="agent-handoffs-batch",
+    ),
+    path(
         "agent/assignments/<int:job_id>/recipient-key/",
         key_views.AgentRecipientKeyView.as_view(),
         name="agent-recipient-key",

@@ -62,6 +62,7 @@ from training.validation import (
     CUT_TABLE_MAX_CHANNELS,
     CUT_TABLE_MAX_SIDE,
     CUT_TABLE_MAX_VALUES,
+    MAX_PARTICIPANTS,
     JobInput,
 )
 from training.vertical_prediction import vertical_prediction_request
@@ -485,6 +486,22 @@ class HandoffInputSerializer(StrictSerializer):
     size_bytes = StrictIntegerField(min_value=1)
 
 
+class SealedForInputSerializer(StrictSerializer):
+    recipient = StrictCharField(max_length=64)
+    ciphertext_sha256 = StrictCharField(min_length=64, max_length=64)
+    size_bytes = StrictIntegerField(min_value=1)
+
+
+class HandoffsInputSerializer(StrictSerializer):
+    turn = StrictIntegerField(min_value=1)
+    handoffs = SealedForInputSerializer(
+        many=True,
+        allow_empty=False,
+        max_length=MAX_PARTICIPANTS,
+        help_text="one per recipient, each named once",
+    )
+
+
 class LossReportInputSerializer(StrictSerializer):
     turn = StrictIntegerField(min_value=1)
     step = StrictIntegerField(min_value=1, help_text="training steps of the turn done so far")
@@ -704,6 +721,24 @@ class AgentHandoffView(APIView):
             size_bytes=data["size_bytes"],
         )
         return Response(HandoffSerializer(handoff).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["agent"])
+class AgentHandoffsView(APIView):
+    @extend_schema(
+        summary="Record the hashes and sizes of the weights the agent sealed for several "
+        "recipients after its turn, all or none (never the blobs)",
+        request=HandoffsInputSerializer,
+        responses={201: HandoffSerializer(many=True)},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        actor = _actor(request)
+        require_agent(actor, "record a hand-off")
+        data = _valid(HandoffsInputSerializer, request)
+        handoffs = agent_services.agent_handoffs_record(
+            actor=actor, job_id=job_id, turn_id=data["turn"], sealed=data["handoffs"]
+        )
+        return Response(HandoffSerializer(handoffs, many=True).data, status=status.HTTP_201_CREATED)
 
 
 @extend_schema(tags=["agent"])

@@ -330,6 +330,58 @@ def test_hand_offs_are_recorded_only_for_the_agents_own_turns(
     assert HandOff.objects.get().sender == hospital_b
 
 
+def test_an_agent_records_the_blobs_it_sealed_for_several_recipients_all_or_none(
+    agent_client, make_job, hospital_a, hospital_b, hospital_c
+) -> None:
+    job = started(
+        make_job(participants=[{"hospital": h.slug} for h in (hospital_a, hospital_b, hospital_c)])
+    )
+    turn = Turn.objects.get(job=job, status="running")
+    sender = agent_client(turn.hospital)
+    others = [h for h in (hospital_a, hospital_b, hospital_c) if h != turn.hospital]
+    url = f"/api/agent/assignments/{job.pk}/handoffs/batch/"
+
+    def sealed(*entries: tuple[Hospital, str]) -> dict:
+        return {
+            "turn": turn.pk,
+            "handoffs": [
+                {"recipient": h.slug, "ciphertext_sha256": digest * 64, "size_bytes": 4096}
+                for h, digest in entries
+            ],
+        }
+
+    body = sealed((others[0], "a"), (others[1], "b"))
+    created = sender.post(url, body, format="json")
+    assert created.status_code == 201, created.content
+    assert [r["recipient"] for r in created.json()] == [h.slug for h in others]
+    assert AuditEvent.objects.filter(action="handoff.recorded").count() == 2
+    assert sender.post(url, body, format="json").status_code == 201  # the same again
+    assert (
+        HandOff.objects.count() == 2
+        and AuditEvent.objects.filter(action="handoff.recorded").count() == 2
+    )
+    # All or none: one bad entry and nothing is recorded, each problem named.
+    HandOff.objects.all().delete()
+    bad = sealed((others[0], "a"), (others[1], "b"))
+    bad["handoffs"].append({"recipient": "nowhere", "ciphertext_sha256": "c" * 64, "size_bytes": 1})
+    assert "nowhere" in str(error(sender.post(url, bad, format="json"), 400, "invalid"))
+    twice = sealed((others[0], "a"), (others[0], "b"))
+    assert "named twice" in str(error(sender.post(url, twice, format="json"), 400, "invalid"))
+    to_self = sealed((others[0], "a"), (turn.hospital, "b"))
+    assert "itself" in str(error(sender.post(url, to_self, format="json"), 400, "invalid"))
+    assert "handoffs" in error(sender.post(url, sealed(), format="json"), 400, "invalid")
+    assert not HandOff.objects.exists()
+    assert sender.post(url, sealed((others[0], "a")), format="json").status_code == 201
+    error(
+        sender.post(url, sealed((others[1], "b"), (others[0], "f")), format="json"), 409, "conflict"
+    )
+    assert list(HandOff.objects.values_list("recipient", flat=True)) == [others[0].pk]
+    # Only the agent whose turn it was records its hand-offs.
+    error(
+        agent_client(others[0]).post(url, sealed((others[1], "b")), format="json"), 404, "not_found"
+    )
+
+
 def test_a_failed_precondition_fails_the_turn_with_the_agents_reason(
     agent_a, hospital_a, jobs
 ) -> None:
