@@ -2,15 +2,22 @@
 bumped when what the hospital is assigned may have changed, and one watcher per process
 that reads the counters of the hospitals whose polls wait there.
 
-Every save or delete of a job, its participants, rounds, turns, aggregations or
-evaluations bumps the counter of every participant of the job, a hand-off its
-recipient's only, a re-enrolled hospital's new identity key the participants of its
-jobs', and a turn's progress nobody's: each after the transaction commits, since a poll
-woken before would build the same answer again and wait on (:func:`assignments_changed`
-and :func:`hospital_changed`, connected in ``training/apps.py``). Services that change
-such rows with ``QuerySet.update``, which sends no signal, call
-:func:`changed_without_signal`. Other hospitals' polls are not woken, so ten idle agents
-do not rebuild their answers at every step of someone else's job.
+Every save or delete of a job, its participants, rounds, aggregations or evaluations
+bumps the counter of every participant of the job; a turn's, its own hospital's (its
+progress nobody's); a hand-off, its recipient's while the recipient waits for it; a
+re-enrolled hospital's new identity key, the participants of its jobs'. Each bumps after
+the transaction commits, since a poll woken before would build the same answer again
+and wait on (:func:`assignments_changed` and :func:`hospital_changed`, connected in
+``training/apps.py``). Services that change such rows with ``QuerySet.update``, which
+sends no signal, call :func:`changed_without_signal`.
+
+So a poll is woken by what its hospital must act on, not by everything its answer shows:
+another hospital's completed turn changes where the next turn starts from in every
+answer, but only the next hospital acts on it, and its own turn's start wakes it. The
+others see it at their poll's next rebuild (``training.api.long_poll``: at most
+``SHARED_REBUILD_SECONDS`` later), several turns in one build. Waking every participant
+at every turn's start and end had the coordinator build n answers at once, and the next
+hospital's answer waited behind them.
 
 The watcher (:class:`ChangeWatch`, one thread per process) reads the counters of every
 hospital with a poll waiting in one cache read every :data:`WAKE_CHECK_SECONDS` (or at
@@ -96,10 +103,12 @@ def assignments_changed(
         handoff = instance
         transaction.on_commit(lambda: _wake_recipient(handoff))
         return
-    if isinstance(instance, Turn) and instance.status != Turn.Status.COMPLETED:
-        # Another hospital's answer shows a turn once it completed (where the next one
-        # starts from); before, only its own hospital's does. Ten polls rebuilt at every
-        # turn's start, and at each turn of a new round, for one that mattered.
+    if isinstance(instance, Turn):
+        # A turn changes what its own hospital does. Once completed it shows in the
+        # others' answers too (where the next turn starts from), but none of them acts on
+        # it: the next hospital is woken by its own turn's start, everyone by the round's
+        # or the job's end. Waking all n at every turn's start and end made the
+        # coordinator build n answers at once, and the next hospital's waited behind them.
         hospital = instance.hospital_id
         transaction.on_commit(lambda: wake_long_polls([hospital]))
         return

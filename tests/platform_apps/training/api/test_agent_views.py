@@ -164,13 +164,13 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
             size_bytes=4096,
         )
     assert {h: assignments_version(h) for h in seen} == seen
-    # Its turn completed (everyone's answer shows where the next turn starts) and the
-    # recipient's began: now a hand-off wakes it.
+    # Its turn completed: the sender is woken; the recipient acts on it only once its own
+    # turn starts, which wakes it (the others see it at their poll's next rebuild).
     with django_capture_on_commit_callbacks(execute=True):
         turn.status = Turn.Status.COMPLETED
         turn.save()
     woken = {h: assignments_version(h) for h in seen}
-    assert all(woken[h] == seen[h] + 1 for h in seen)
+    assert woken == {sender.pk: seen[sender.pk] + 1, recipient.pk: seen[recipient.pk]}
     with django_capture_on_commit_callbacks(execute=True):
         mine = services.turn_start_next(job=job)
     assert mine.hospital == recipient
