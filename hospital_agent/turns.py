@@ -397,7 +397,9 @@ class TurnTaker:
             client.channel.close()
             self.on_status("idle")
         if outcome == ClientOutcome.COMPLETED:
-            self.hand_on(assignment, self.current_turn(assignment, turn), client.state())
+            # The attempt it was assigned: the coordinator records the hand-off against the
+            # attempt of this place that completed, if the server side was tried again.
+            self.hand_on(assignment, turn, client.state())
             if vertical is not None:
                 self.audit_leakage(assignment, vertical, ids, scores)
             if privacy is not None:
@@ -760,29 +762,6 @@ class TurnTaker:
                 self.on_data_problem(str(e))
             self.coordinator.report_problem(job=assignment.job, turn=turn["id"], reason=str(e))
             return None
-
-    def current_turn(self, assignment: Assignment, turn: dict[str, Any]) -> dict[str, Any]:
-        """The attempt of ``turn``'s place (round, position) that the coordinator holds now.
-
-        A turn's server side may fail and be tried again (a new attempt, a new id) while
-        this agent's run goes on, since both sides meet on the place, not the attempt; the
-        hand-off is recorded against the attempt that completed.
-        """
-        try:
-            now = self._one(assignment.job).get("turn")
-        except CoordinatorError as e:
-            logger.warning("job %s: could not read the current turn (%s)", assignment.job, e)
-            return turn
-        if now and now.get("round") == turn["round"] and now.get("id") != turn["id"]:
-            logger.info(
-                "job %s round %s: the turn completed as attempt %s (turn %s)",
-                assignment.job,
-                turn["round"],
-                now.get("attempt"),
-                now["id"],
-            )
-            return now
-        return turn
 
     def _run(self, client: TurnClient) -> ClientOutcome:
         delay = 1.0

@@ -45,6 +45,29 @@ def _own_turn(actor: Actor, job_id: int, turn_id: int) -> Turn:
     return turn
 
 
+def _attempt_that_completed(turn: Turn) -> Turn:
+    """The attempt of ``turn``'s place (round and position) that completed, else ``turn``.
+
+    A turn's server side may fail and be tried again (a new attempt, a new id) while the
+    hospital's run goes on, since both sides meet on the place: the hospital names the
+    attempt it was assigned, and its hand-off belongs to the one that completed. (The
+    agent used to ask for its assignment again first, on the next hospital's path.)
+    """
+    completed = (
+        Turn.objects.select_related("hospital")
+        .filter(
+            job_id=turn.job_id,
+            round_id=turn.round_id,
+            position=turn.position,
+            hospital_id=turn.hospital_id,
+            status=Turn.Status.COMPLETED,
+        )
+        .order_by("-attempt")
+        .first()
+    )
+    return completed or turn
+
+
 def agent_recipient_key_publish(
     *, actor: Actor, job_id: int, key: str, signature: str
 ) -> JobParticipant:
@@ -148,7 +171,7 @@ def agent_handoff_record(
         Conflict: the turn is not running or completed, or another blob was recorded.
     """
     require_agent(actor, "record a hand-off")
-    turn = _own_turn(actor, job_id, turn_id)
+    turn = _attempt_that_completed(_own_turn(actor, job_id, turn_id))
     target = Hospital.objects.filter(slug=recipient).first()
     if target is None:
         raise InvalidInput(
@@ -167,9 +190,10 @@ def agent_handoff_record(
 def agent_handoffs_record(
     *, actor: Actor, job_id: int, turn_id: int, sealed: Sequence[Mapping[str, Any]]
 ) -> list[HandOff]:
-    """Record that the calling agent sealed its weights after ``turn_id`` for each
-    recipient of ``sealed`` (``recipient``, ``ciphertext_sha256``, ``size_bytes``), all or
-    none (``handoffs_record``).
+    """Record that the calling agent sealed its weights after ``turn_id`` (the attempt of
+    its place that completed, when it was tried again) for each recipient of ``sealed``
+    (``recipient``, ``ciphertext_sha256``, ``size_bytes``), all or none
+    (``handoffs_record``).
 
     Raises:
         PermissionDenied: not an agent.
@@ -178,7 +202,7 @@ def agent_handoffs_record(
         Conflict: the turn is not running or completed, or another blob was recorded.
     """
     require_agent(actor, "record a hand-off")
-    turn = _own_turn(actor, job_id, turn_id)
+    turn = _attempt_that_completed(_own_turn(actor, job_id, turn_id))
     slugs = [entry["recipient"] for entry in sealed]
     hospitals = {h.slug: h for h in Hospital.objects.filter(slug__in=slugs)}
     unknown = [slug for slug in slugs if slug not in hospitals]

@@ -382,6 +382,30 @@ def test_an_agent_records_the_blobs_it_sealed_for_several_recipients_all_or_none
     )
 
 
+def test_a_hand_off_named_by_an_attempt_tried_again_is_recorded_against_the_one_that_completed(
+    agent_client, make_job, hospital_a, hospital_b
+) -> None:
+    # The server side of the hospital's turn failed and was tried again while its run
+    # went on: the agent names the attempt it was assigned.
+    job = make_job(participants=[{"hospital": h.slug} for h in (hospital_a, hospital_b)],
+                   on_failure="retry", max_retries=2)  # fmt: skip
+    job = started(job)
+    assigned = Turn.objects.get(job=job, status="running")
+    services.turn_fail(turn=assigned, reason="the worker died")
+    again = services.turn_start_next(job=job)
+    assert (again.position, again.attempt) == (assigned.position, assigned.attempt + 1)
+    services.turn_finish(turn=again, metrics={})
+    other = hospital_b if assigned.hospital == hospital_a else hospital_a
+    body = {"turn": assigned.pk, "handoffs": [
+        {"recipient": other.slug, "ciphertext_sha256": "d" * 64, "size_bytes": 64}
+    ]}  # fmt: skip
+    url = f"/api/agent/assignments/{job.pk}/handoffs/batch/"
+    created = agent_client(assigned.hospital).post(url, body, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()[0]["turn"] == again.pk
+    assert HandOff.objects.get().turn == again
+
+
 def test_a_failed_precondition_fails_the_turn_with_the_agents_reason(
     agent_a, hospital_a, jobs
 ) -> None:
