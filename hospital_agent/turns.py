@@ -46,7 +46,6 @@ from hospital_agent.config import AgentConfig
 from hospital_agent.coordinator import (
     Coordinator,
     CoordinatorError,
-    CoordinatorRefused,
     TokenRefused,
 )
 from hospital_agent.data import (
@@ -969,13 +968,15 @@ class TurnTaker:
             if source["hospital"] == self.me:
                 blobs.append((self.jobs_dir(assignment.job) / "state.safetensors").read_bytes())
                 continue
+            etag = ""
             while source["ciphertext_sha256"] is None:  # the sender is still sealing
-                if time.monotonic() > deadline or self.stopping.wait(1.0):
+                if time.monotonic() > deadline or self.stopping.is_set():
                     logger.error(
                         "job %s: no hand-off from %s arrived", assignment.job, source["hospital"]
                     )
                     return None
-                fresh = self._fresh(assignment)
+                # Long-polled: its record wakes this poll (no 1 s sleep between reads).
+                fresh, etag = self._fresh_when_changed(assignment, etag, deadline)
                 now = (fresh.raw.get("start_from") or {}).get("sources", []) if fresh else []
                 match = [s for s in now if s["turn"] == source["turn"]]
                 if not match:
@@ -1031,6 +1032,7 @@ class TurnTaker:
         pending = assignment.others(self.me)
         deadline = time.monotonic() + self.config.reply_timeout
         sealed, refused = 0, []
+        etag = ""
         while pending:
             waiting, records = [], []
             for other in pending:
@@ -1052,7 +1054,7 @@ class TurnTaker:
             sealed += self._record(assignment, turn, records)
             if not waiting:
                 break
-            if time.monotonic() > deadline or self.stopping.wait(1.0):
+            if time.monotonic() > deadline or self.stopping.is_set():
                 logger.error(
                     "job %s: %s published no per-job key in time; no hand-off from this turn "
                     "is sealed for them",
@@ -1060,7 +1062,9 @@ class TurnTaker:
                     ", ".join(waiting),
                 )
                 break
-            fresh = self._fresh(assignment)
+            # Long-polled: a key's publication wakes this poll, where a 1 s sleep between
+            # reads held a job's first hand-over when a peer published late.
+            fresh, etag = self._fresh_when_changed(assignment, etag, deadline)
             if fresh is None:
                 break
             pending = [p for p in fresh.others(self.me) if p["hospital"] in waiting]
@@ -1124,24 +1128,6 @@ class TurnTaker:
         :meth:`~medsplit.modes.SplitMode.handoff_topic`)."""
         mode = assignment.config().split_mode
         return mode.handoff_topic(round_index, len(assignment.raw["participants"]))
-
-    def _fresh(self, assignment: Assignment) -> Assignment | None:
-        """The assignment of the same job as the coordinator gives it now."""
-        raw = self._one(assignment.job)
-        return Assignment(raw) if raw else None
-
-    def _one(self, job: int) -> dict[str, Any]:
-        """The coordinator's assignment of ``job`` now, ``{}`` where it has none (any more).
-
-        One job's answer, not the whole list: right after a turn, on the way to the next
-        hospital's, the list cost a serialized answer for every job this hospital is in.
-        """
-        try:
-            return self.coordinator.assignment(job)
-        except CoordinatorRefused as e:
-            if e.status == 404:
-                return {}
-            raise
 
     def _fresh_when_changed(
         self, assignment: Assignment, etag: str, deadline: float
