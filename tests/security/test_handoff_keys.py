@@ -289,6 +289,36 @@ def test_a_stolen_identity_key_after_the_job_opens_no_recorded_hand_off(
 # -- a re-enrolment, seen by the peers ---------------------------------------------------------
 
 
+def test_a_peer_that_publishes_its_key_late_is_sealed_for_once_it_has(
+    consortium: str, tmp_path: Path, admin_actor: Actor, redis_url: str
+) -> None:
+    """A's turn ends before B published its per-job key: A waits for it (long-polling,
+    woken by the publication), then seals for B's key and records the blob."""
+    a, b = two_agents(consortium, tmp_path, admin_actor)
+    job = scheduled_job(admin_actor, a.hospital, b.hospital)
+    a.taker.prepare(a.assignment(job))
+    turn = job_advance(job_id=job.pk)
+    assert turn is not None and turn.hospital_id == a.hospital.pk
+    assignment = a.assignment(job)
+    assert not assignment.participant(b.slug).get("recipient_key")
+    late = threading.Timer(0.5, lambda: b.taker.prepare(b.assignment(job)))
+    late.start()
+    try:
+        a.taker.hand_on(assignment, assignment.raw["turn"], WEIGHTS)
+    finally:
+        late.join()
+    recorded = HandOff.objects.get(job=job, recipient=b.hospital)
+    blob = admin_relay(redis_url).get(mail_key(job, a, b))
+    assert blob is not None and hashlib.sha256(blob).hexdigest() == recorded.ciphertext_sha256
+    opened = unseal(  # sealed to the key B published
+        blob,
+        recipient=b.taker.job_keys.load(job.pk),
+        sender=a.identity.public_key(),
+        context=SealContext(job=f"job-{job.pk}", round=0, sender=a.slug, recipient=b.slug),
+    )
+    assert opened == WEIGHTS
+
+
 def test_a_re_enrolment_is_seen_by_the_peers_and_hand_offs_go_to_the_new_key(
     consortium: str, tmp_path: Path, admin_actor: Actor, caplog, capsys
 ) -> None:
