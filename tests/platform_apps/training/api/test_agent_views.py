@@ -152,17 +152,21 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
         )
     assert Turn.objects.get(pk=turn.pk).steps == 4
     assert assignments_version(sender.pk) == now[sender.pk] + 1
+
     # A hand-off shows in its recipient's answer only, and matters to it only while it
     # waits for it (its own turn running, or the job ended): not before its turn.
-    seen = {h.pk: assignments_version(h.pk) for h in (sender, recipient)}
-    with django_capture_on_commit_callbacks(execute=True):
+    def record(blob: bytes) -> None:
         services.handoff_record(
             turn=turn,
             sender=sender,
             recipient=recipient,
-            ciphertext_sha256=hashlib.sha256(b"sealed").hexdigest(),
+            ciphertext_sha256=hashlib.sha256(blob).hexdigest(),
             size_bytes=4096,
         )
+
+    seen = {h.pk: assignments_version(h.pk) for h in (sender, recipient)}
+    with django_capture_on_commit_callbacks(execute=True):
+        record(b"sealed")
     assert {h: assignments_version(h) for h in seen} == seen
     # Its turn completed: the sender is woken; the recipient acts on it only once its own
     # turn starts, which wakes it (the others see it at their poll's next rebuild).
@@ -177,23 +181,11 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
     assert assignments_version(recipient.pk) == woken[recipient.pk] + 1
     assert assignments_version(sender.pk) == woken[sender.pk]
     with django_capture_on_commit_callbacks(execute=True):
-        services.handoff_record(
-            turn=turn,
-            sender=sender,
-            recipient=recipient,
-            ciphertext_sha256=hashlib.sha256(b"sealed").hexdigest(),
-            size_bytes=4096,
-        )  # the same record again: nothing new, nobody woken
+        record(b"sealed")  # the same record again: nothing new, nobody woken
         HandOff.objects.filter(turn=turn).delete()
     assert assignments_version(recipient.pk) == woken[recipient.pk] + 2  # the delete
     with django_capture_on_commit_callbacks(execute=True):
-        services.handoff_record(
-            turn=turn,
-            sender=sender,
-            recipient=recipient,
-            ciphertext_sha256=hashlib.sha256(b"sealed again").hexdigest(),
-            size_bytes=4096,
-        )
+        record(b"sealed again")
     assert assignments_version(recipient.pk) == woken[recipient.pk] + 3
     assert assignments_version(sender.pk) == woken[sender.pk]
 
