@@ -17,11 +17,12 @@ watches the counters of the waiting polls).
 A waiting poll still builds its answer again every :func:`rebuild_seconds` without a bump:
 every :data:`REBUILD_SECONDS` where the cache is this process's own (the embedded mode,
 where the worker's bumps never reach the coordinator), every
-:data:`SHARED_REBUILD_SECONDS` where it is shared (every change bumps it then; the
-rebuild only bounds how late a change some future code forgets to bump is seen). Ten
-polls rebuilding twice a second took most of a core of the coordinator.
+:data:`SHARED_REBUILD_SECONDS` where it is shared (everything a hospital must act on
+bumps its counter then; the rebuild bounds how late the rest of its answer, such as
+another hospital's completed turn, is seen). Ten polls rebuilding twice a second took
+most of a core of the coordinator.
 
-Where every change bumps, a poll that brings the ETag of the answer last built for its
+Where the cache is shared, a poll that brings the ETag of the answer last built for its
 hospital, at a counter that has not moved since, waits before it builds anything
 (:class:`AnswersBuilt`): otherwise every wake cost two builds, the woken poll's and the
 same answer again at the start of the agent's next poll.
@@ -116,8 +117,8 @@ def rebuild_seconds() -> float:
 
 
 def every_change_bumps() -> bool:
-    """Whether every change of an assignment bumps a counter this process reads: the
-    cache is shared (a process-local one never sees the worker's bumps)."""
+    """Whether every change a hospital must act on bumps a counter this process reads:
+    the cache is shared (a process-local one never sees the worker's bumps)."""
     return not isinstance(caches["default"], LocMemCache)
 
 
@@ -125,9 +126,10 @@ class AnswersBuilt:
     """The last answer this process built for each hospital: the change counter read
     before it was built, and its ETag.
 
-    Where every change bumps the counter, an agent that polls again with that ETag while
-    the counter has not moved holds the current answer: its poll waits at once, instead of
-    building the same answer again first (each wake cost two builds: the woken poll's, and
+    Where the cache is shared, an agent that polls again with that ETag while the counter
+    has not moved holds the answer as it stands for what it must act on: its poll waits
+    at once (the rebuild interval still bounds the rest), instead of building the same
+    answer again first (each wake cost two builds: the woken poll's, and
     the next poll's before it waited). A record is trusted for :data:`TRUSTED_SECONDS`
     only: the counter itself expires an hour after its last bump and then reads 0 again.
     """

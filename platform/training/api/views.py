@@ -479,17 +479,14 @@ def _wait_seconds(request: Request) -> float:
     return wait
 
 
-class HandoffInputSerializer(StrictSerializer):
-    turn = StrictIntegerField(min_value=1)
-    recipient = StrictCharField(max_length=64)
-    ciphertext_sha256 = StrictCharField(min_length=64, max_length=64)
-    size_bytes = StrictIntegerField(min_value=1)
-
-
 class SealedForInputSerializer(StrictSerializer):
     recipient = StrictCharField(max_length=64)
     ciphertext_sha256 = StrictCharField(min_length=64, max_length=64)
     size_bytes = StrictIntegerField(min_value=1)
+
+
+class HandoffInputSerializer(SealedForInputSerializer):
+    turn = StrictIntegerField(min_value=1)
 
 
 class HandoffsInputSerializer(StrictSerializer):
