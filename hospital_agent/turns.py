@@ -426,11 +426,11 @@ class TurnTaker:
         trace (a tenth of a second for a small network, seconds for a large one) is then
         off the hand-over's path. What cannot be built is left for :meth:`take` to report."""
         try:
-            self._buildable(assignment)
-            config = assignment.config()
+            described = self._buildable(assignment)  # read once: this runs at every answer
+            config = described.training_config(assignment.job_name)
             if config.split_mode.feature_sets:
                 return  # a vertical party builds its front in the turn, from its alignment
-            hospital_split(assignment.model(), config.cuts, hospital_segments(config))
+            hospital_split(described.job_model(), config.cuts, hospital_segments(config))
         except (ConfigError, UnknownModelError) as e:
             logger.debug("job %s: not cut ahead of the turn: %s", assignment.job, e)
 

@@ -28,7 +28,6 @@ from training.models import HandOff, Job, JobParticipant, Turn
 from training.services import (
     EXTRA_MODES_SETTING,
     SealedFor,
-    handoff_record,
     handoffs_record,
     turn_fail,
     turn_record_hospital_loss,
@@ -162,29 +161,19 @@ def agent_handoff_record(
     ciphertext_sha256: str,
     size_bytes: int,
 ) -> HandOff:
-    """Record that the calling agent sealed its weights after ``turn_id`` for ``recipient``.
+    """Record that the calling agent sealed its weights after ``turn_id`` for ``recipient``
+    (:func:`agent_handoffs_record` with one blob).
 
     Raises:
         PermissionDenied: not an agent.
         NotFound: the turn is not this agent's.
-        InvalidInput: unknown recipient, bad hash or size (see ``handoff_record``).
+        InvalidInput: unknown recipient, bad hash or size (see ``handoffs_record``).
         Conflict: the turn is not running or completed, or another blob was recorded.
     """
-    require_agent(actor, "record a hand-off")
-    turn = _attempt_that_completed(_own_turn(actor, job_id, turn_id))
-    target = Hospital.objects.filter(slug=recipient).first()
-    if target is None:
-        raise InvalidInput(
-            "the hand-off record is not valid",
-            details={"recipient": [f"no hospital {recipient!r}"]},
-        )
-    return handoff_record(
-        turn=turn,
-        sender=actor.hospital,
-        recipient=target,
-        ciphertext_sha256=ciphertext_sha256,
-        size_bytes=size_bytes,
-    )
+    sealed = {"recipient": recipient, "ciphertext_sha256": ciphertext_sha256}
+    return agent_handoffs_record(
+        actor=actor, job_id=job_id, turn_id=turn_id, sealed=[{**sealed, "size_bytes": size_bytes}]
+    )[0]
 
 
 def agent_handoffs_record(

@@ -8,8 +8,10 @@ progress nobody's); a hand-off, its recipient's while the recipient waits for it
 re-enrolled hospital's new identity key, the participants of its jobs'. Each bumps after
 the transaction commits, since a poll woken before would build the same answer again
 and wait on (:func:`assignments_changed` and :func:`hospital_changed`, connected in
-``training/apps.py``). Services that change such rows with ``QuerySet.update``, which
-sends no signal, call :func:`changed_without_signal`.
+``training/apps.py``). The services' ``QuerySet.update`` calls, which send no signal,
+change nothing an agent acts on without a save beside them that does (a job's
+transition saves the job, a new round creates a ``Round``, an evaluation ends with its
+parts' saves).
 
 So a poll is woken by what its hospital must act on, not by everything its answer shows:
 another hospital's completed turn changes where the next turn starts from in every
@@ -92,8 +94,8 @@ def assignments_changed(
     sender: type, instance: object, update_fields: Iterable[str] | None = None, **_: object
 ) -> None:
     """A signal receiver for a saved or deleted job, or a row of one (with ``job_id``):
-    wake the long-polls of the participants whose answers show it, once the current
-    transaction commits. Woken before the commit, a poll would build the same answer
+    wake the long-polls of the participants who act on it, once the current transaction
+    commits. Woken before the commit, a poll would build the same answer
     again and wait on."""
     from training.models import HandOff, Job, Turn
 
@@ -134,12 +136,6 @@ def _wake_recipient(handoff: object) -> None:
     )
     if waiting:
         wake_long_polls([recipient])
-
-
-def changed_without_signal(job_id: int) -> None:
-    """Job ``job_id``'s assignments changed through ``QuerySet.update`` (which sends no
-    signal): wake its participants' polls once the current transaction commits."""
-    transaction.on_commit(lambda: wake_job(job_id))
 
 
 def hospital_changed(

@@ -29,7 +29,6 @@ from kernel.actors import Actor, ActorKind
 from kernel.errors import Conflict, InvalidInput, NotFound
 from kernel.permissions import require_agent, require_consortium_admin
 from medsplit.turns import Directive
-from training.assignment_changes import changed_without_signal
 from training.dispatch import job_changed_on_commit
 from training.models import Evaluation, HospitalEvaluation, Job
 from training.states import JobState
@@ -448,10 +447,9 @@ def evaluations_to_run(*, job_id: int | None = None, now: datetime | None = None
 def _end_if_done(evaluation: Evaluation) -> None:
     if evaluation.parts.filter(status=HospitalEvaluation.Status.RUNNING).exists():
         return
-    if Evaluation.objects.filter(pk=evaluation.pk, status=Evaluation.Status.RUNNING).update(
+    Evaluation.objects.filter(pk=evaluation.pk, status=Evaluation.Status.RUNNING).update(
         status=Evaluation.Status.COMPLETED, finished_at=timezone.now()
-    ):
-        changed_without_signal(evaluation.job_id)
+    )
 
 
 def _checked_figures(task: str, metrics: Mapping[str, float], test_samples: int) -> dict:

@@ -39,7 +39,6 @@ from kernel.actors import Actor, ActorKind
 from kernel.errors import Conflict, InvalidInput, PermissionDenied
 from kernel.permissions import require_consortium_admin
 from medsplit.modes import require_mode
-from training.assignment_changes import changed_without_signal
 from training.dispatch import job_changed_on_commit
 from training.evaluation import evaluation_on_completion
 from training.models import (
@@ -245,7 +244,6 @@ def _close_open_work(job: Job, state: JobState, now: datetime) -> dict[str, int]
         JobState.CANCELLED: Round.Status.CANCELLED,
     }[state]
     job.round_set.filter(status=Round.Status.RUNNING).update(status=round_status, finished_at=now)
-    changed_without_signal(job.pk)
     return {"turns_failed": failed, "turns_skipped": skipped}
 
 
@@ -440,7 +438,6 @@ def _round_create(*, job: Job, index: int) -> Round:
         for p in members
     )
     Job.objects.filter(pk=job.pk).update(current_round=index)
-    changed_without_signal(job.pk)  # the turns too: bulk_create sends no signal
     job.current_round = index
     return round_
 

@@ -335,6 +335,22 @@ def test_a_job_description_of_another_version_is_refused_saying_so() -> None:
     assert "version: version 5 is not one this party reads (it reads 1, 2, 3, 4)" in reason
 
 
+def _factory_job(factory: str) -> dict:
+    """A job description naming the factory model ``factory`` (``tests.model_modules``)."""
+    from medsplit.training.description import JobDescription
+    from tests.model_modules import ARGS
+
+    return JobDescription(
+        model=factory,
+        model_args=ARGS,
+        spatial_dims=2,
+        in_channels=1,
+        num_classes=2,
+        input_shape=(1, 28, 28),
+        cuts=("pool1",),
+    ).to_json()
+
+
 def test_a_factory_model_from_a_module_this_agent_does_not_list_is_refused_before_import(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -342,8 +358,7 @@ def test_a_factory_model_from_a_module_this_agent_does_not_list_is_refused_befor
     factory in another one fails its turn, naming the module and the setting, and the
     module was never imported (its marker file is not there)."""
     from hospital_agent.turns import MODEL_MODULES_SETTING, TurnTaker
-    from medsplit.training.description import JobDescription
-    from tests.model_modules import ARGS, listed, marked_module
+    from tests.model_modules import listed, marked_module
 
     class Coordinator:
         reasons: ClassVar[list[tuple[int, int, str]]] = []
@@ -354,15 +369,7 @@ def test_a_factory_model_from_a_module_this_agent_does_not_list_is_refused_befor
 
     marked = marked_module(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    described = JobDescription(
-        model=marked.factory,
-        model_args=ARGS,
-        spatial_dims=2,
-        in_channels=1,
-        num_classes=2,
-        input_shape=(1, 28, 28),
-        cuts=("pool1",),
-    ).to_json()
+    described = _factory_job(marked.factory)
     taker = object.__new__(TurnTaker)  # nothing else of it is reached
     taker.coordinator = Coordinator()
     assignment = Assignment({"job": 5, "description": described, "turn": {"id": 10, "round": 0}})
@@ -385,7 +392,7 @@ def test_a_job_s_model_is_cut_before_its_turn_comes_and_never_from_an_unlisted_m
     from hospital_agent.turns import MODEL_MODULES_SETTING, TurnTaker
     from medsplit.training.description import JobDescription
     from medsplit.training.setup import hospital_segments, hospital_split
-    from tests.model_modules import ARGS, listed, marked_module
+    from tests.model_modules import listed, marked_module
 
     described = JobDescription(
         model="small_cnn",
@@ -408,15 +415,7 @@ def test_a_job_s_model_is_cut_before_its_turn_comes_and_never_from_an_unlisted_m
 
     marked = marked_module(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    factory = JobDescription(
-        model=marked.factory,
-        model_args=ARGS,
-        spatial_dims=2,
-        in_channels=1,
-        num_classes=2,
-        input_shape=(1, 28, 28),
-        cuts=("pool1",),
-    ).to_json()
+    factory = _factory_job(marked.factory)
     with listed(["monai"], setting=MODEL_MODULES_SETTING):
         taker.warm(Assignment({"job": 12, "description": factory, "turn": None}))
     assert not marked.imported()

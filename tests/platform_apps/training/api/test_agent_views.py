@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from hospitals.models import Hospital
+from kernel.actors import Actor
 from medsplit.protocol.keys import (
     RecipientKey,
     SignedRecipientKey,
@@ -193,11 +194,12 @@ def test_a_committed_change_wakes_the_long_polls_of_the_job_s_participants_only(
 def test_a_closed_job_and_a_new_identity_wake_the_polls_that_show_them(
     jobs, hospital_a, hospital_b, hospital_c, django_capture_on_commit_callbacks
 ) -> None:
-    # Closing a job fails its running turn with QuerySet.update, which sends no signal.
+    # Cancelling a job fails its running turn with QuerySet.update, which sends no
+    # signal: the job's own save wakes its participants.
     job = started(jobs["ac"])
     seen = {h.pk: assignments_version(h.pk) for h in (hospital_a, hospital_b, hospital_c)}
     with django_capture_on_commit_callbacks(execute=True):
-        services._close_open_work(job, JobState.CANCELLED, timezone.now())
+        services.job_transition(job=job, to=JobState.CANCELLED, actor=Actor.system())
     now = {h: assignments_version(h) for h in seen}
     assert now[hospital_a.pk] > seen[hospital_a.pk] and now[hospital_c.pk] > seen[hospital_c.pk]
     assert now[hospital_b.pk] == seen[hospital_b.pk]
