@@ -93,3 +93,18 @@ def _relay_prefix_of_this_session() -> Iterator[str]:
                 client.delete(key)
         finally:
             client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _live_server_without_nagle() -> Iterator[None]:
+    """The tests' live server answers as ``manage.py runserver`` does: without Nagle's
+    40 ms wait on a kept-alive connection (coordinator/dev_server.py), which every agent
+    request to it paid."""
+    from django.test.testcases import LiveServerThread
+
+    from coordinator.dev_server import NoDelayThreadedWSGIServer
+
+    before = LiveServerThread.server_class
+    LiveServerThread.server_class = NoDelayThreadedWSGIServer
+    yield
+    LiveServerThread.server_class = before
