@@ -155,13 +155,7 @@ class Agent:
                     raise
                 logger.warning("%s", e)
                 continue
-            for raw in assignments:
-                if self.stopping.is_set():
-                    break
-                self._handle(taker, Assignment(raw))
-                # What the turn freed goes back to the system between turns (the steps
-                # inside a turn keep reusing their pages).
-                release_freed_memory()
+            self._handle_answer(taker, assignments)
             if etag == known and time.monotonic() - asked < self.config.poll_seconds / 2:
                 # Unchanged long before the wait ran out: the coordinator had no thread
                 # free to hold the poll. Ask again a little later, not at once.
@@ -170,6 +164,20 @@ class Agent:
             raise self._refused
         logger.info("stopped")
         return EXIT_OK
+
+    def _handle_answer(self, taker: TurnTaker, assignments: list[dict[str, Any]]) -> None:
+        """Act on one poll answer, assignment by assignment, then give what their work
+        freed back to the system (the steps inside a turn keep reusing their pages).
+
+        Once per answer, after all of it: trimming between two assignments (a job that
+        ended, then one whose turn runs) put the trim (about 3 ms) and the fresh pages of
+        the turn's first step (2-3 ms more) into every hand-over."""
+        for raw in assignments:
+            if self.stopping.is_set():
+                break
+            self._handle(taker, Assignment(raw))
+        if assignments:
+            release_freed_memory()
 
     def _handle(self, taker: TurnTaker, assignment: Assignment) -> None:
         raw = assignment.raw

@@ -439,3 +439,35 @@ def test_the_agent_builds_its_model_and_config_from_the_description() -> None:
     assert assignment.config() == described.training_config("job-7")
     assert assignment.model() == described.job_model()
     assert assignment.mode == "vanilla"
+
+
+def test_an_answer_is_trimmed_after_all_of_it_not_between_its_assignments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ended, then one whose turn runs: the turn starts without a trim before
+    it (the trim and the fresh pages of its first step were part of every hand-over)."""
+    from hospital_agent import service
+    from hospital_agent.config import load_config
+
+    config = load_config(
+        file=None,
+        flags={},
+        env={
+            "MEDSPLIT_AGENT_COORDINATOR_URL": "http://127.0.0.1:9",
+            "MEDSPLIT_AGENT_WORK_DIR": str(tmp_path),
+            "MEDSPLIT_AGENT_DATA_KIND": "synthetic",
+            "MEDSPLIT_AGENT_DATA_SAMPLES": "8",
+        },
+    )
+    agent = service.Agent(config)
+    events: list[str] = []
+    monkeypatch.setattr(service, "release_freed_memory", lambda: events.append("trim"))
+    monkeypatch.setattr(
+        agent, "_handle", lambda taker, assignment: events.append(f"job {assignment.job}")
+    )
+    ended = {"job": 1, "name": "ended", "state": "completed", "turn": None}
+    running = {"job": 2, "name": "running", "state": "running", "turn": {"status": "running"}}
+    agent._handle_answer(None, [ended, running])  # type: ignore[arg-type]
+    assert events == ["job 1", "job 2", "trim"]
+    agent._handle_answer(None, [])  # type: ignore[arg-type]  # unchanged: nothing to give back
+    assert events == ["job 1", "job 2", "trim"]
