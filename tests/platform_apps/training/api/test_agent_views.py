@@ -277,6 +277,31 @@ def test_waiting_polls_on_a_shared_cache_wake_on_another_process_s_bump_only_the
         assert value == seen[hospital] and after >= 1.5  # waited out its deadline
 
 
+def test_a_bump_in_another_process_reaches_a_waiting_poll_as_a_message(
+    shared_cache, monkeypatch
+) -> None:
+    """With a shared Redis cache, a bump is announced on the wake channel: a watcher
+    whose reads of the counters are minutes apart is woken by the message alone."""
+    from training import assignment_changes
+
+    monkeypatch.setattr(assignment_changes, "WAKE_CHECK_SECONDS", 600.0)
+    monkeypatch.setattr(assignment_changes, "LISTENING_CHECK_SECONDS", 600.0)
+    watch = assignment_changes.ChangeWatch()  # not this process's: no poke reaches it
+    hospital = 10**9 + 7
+    wake_long_polls([hospital])
+    seen = assignments_version(hospital)
+    answer: list[int] = []
+    waiting = threading.Thread(
+        target=lambda: answer.append(watch.wait(hospital, seen, until=time.monotonic() + 20))
+    )
+    waiting.start()
+    assert watch._listening.wait(5), "the watcher never subscribed to the wake channel"
+    time.sleep(0.1)  # the watcher's first read is done; its next is 600 s away
+    wake_long_polls([hospital])  # as the worker does: the counter, then the message
+    waiting.join(20)
+    assert answer == [seen + 1]
+
+
 def test_a_waiting_long_poll_wakes_on_a_bump_and_rebuilds_without_one() -> None:
     hospital = 10**9  # a counter of its own
     seen = assignments_version(hospital)
