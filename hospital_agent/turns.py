@@ -939,9 +939,7 @@ class TurnTaker:
         etag = ""
         while source["ciphertext_sha256"] is None:  # the sender is still sealing
             if time.monotonic() > deadline or self.stopping.is_set():
-                logger.error(
-                    "job %s: no hand-off from %s arrived", assignment.job, source["hospital"]
-                )
+                _not_arrived(assignment, source["hospital"], waited=wait > 0)
                 return None
             # Held by the coordinator until the assignments change (the hand-off recorded):
             # the turn starts as soon as the seal is there, not at the next poll.
@@ -971,9 +969,7 @@ class TurnTaker:
             etag = ""
             while source["ciphertext_sha256"] is None:  # the sender is still sealing
                 if time.monotonic() > deadline or self.stopping.is_set():
-                    logger.error(
-                        "job %s: no hand-off from %s arrived", assignment.job, source["hospital"]
-                    )
+                    _not_arrived(assignment, source["hospital"], waited=wait > 0)
                     return None
                 # Long-polled: its record wakes this poll (no 1 s sleep between reads).
                 fresh, etag = self._fresh_when_changed(assignment, etag, deadline)
@@ -1158,3 +1154,17 @@ class TurnTaker:
         write_private(path, state)
         logger.info("job %s completed: final weights saved to %s", assignment.job, path)
         return path
+
+
+def _not_arrived(assignment: Assignment, sender: str, *, waited: bool) -> None:
+    """A hand-off ``sender`` has not recorded: an error after a wait for it (a turn that
+    cannot start); a plain "not yet" where the agent only looked (the final weights,
+    looked for at each answer once the job completed, until the last turn's seal is in)."""
+    if waited:
+        logger.error("job %s: no hand-off from %s arrived", assignment.job, sender)
+    else:
+        logger.info(
+            "job %s: the weights %s hands on are not recorded yet; taken once they are",
+            assignment.job,
+            sender,
+        )

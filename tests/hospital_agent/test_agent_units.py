@@ -471,3 +471,29 @@ def test_an_answer_is_trimmed_after_all_of_it_not_between_its_assignments(
     assert events == ["job 1", "job 2", "trim"]
     agent._handle_answer(None, [])  # type: ignore[arg-type]  # unchanged: nothing to give back
     assert events == ["job 1", "job 2", "trim"]
+
+
+def test_final_weights_not_sealed_yet_are_no_error(caplog) -> None:
+    """Once a job completes, each participant looks for the last turn's seal at every
+    answer until it is recorded: not finding it yet is routine, not an error; a turn that
+    waited for its start in vain is."""
+    import threading
+
+    from hospital_agent.turns import TurnTaker
+
+    taker = object.__new__(TurnTaker)  # nothing else of it is reached
+    taker.me, taker.stopping = "here", threading.Event()
+    source = {"hospital": "last", "turn": 9, "ciphertext_sha256": None}
+    assignment = Assignment({"job": 13, "state": "completed", "handoff_from": source})
+    with caplog.at_level(logging.INFO, logger="hospital_agent.turns"):
+        assert taker.start_state(assignment, None, None, wait=0.0, final=True) is None
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and "not recorded yet" in record.getMessage()
+    caplog.clear()
+    taker.stopping.set()  # a turn's wait, cut short
+    with caplog.at_level(logging.INFO, logger="hospital_agent.turns"):
+        assert taker.start_state(assignment, None, None, wait=30.0) is None
+    (record,) = caplog.records
+    assert (
+        record.levelno == logging.ERROR and "no hand-off from last arrived" in record.getMessage()
+    )
