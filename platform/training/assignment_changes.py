@@ -183,6 +183,7 @@ class WakeChannel:
         self._lock = threading.Lock()
         self._client: redis.Redis | None = None
         self._for: tuple[int, str] | None = None
+        self._failing = False
 
     @staticmethod
     def url() -> str:
@@ -211,13 +212,23 @@ class WakeChannel:
             return
         try:
             self.client(url).publish(self.name(), b"1")
-        except redis.RedisError:
-            logger.warning("announcing a long-poll wake-up failed", exc_info=True)
+        except redis.RedisError as e:
+            if not self._failing:  # once, not at every bump: the counters still work
+                logger.warning(
+                    "announcing long-poll wake-ups on %s failed (%s); waiting polls see "
+                    "the changes at their watcher's next read instead",
+                    self.name(),
+                    e,
+                )
+            self._failing = True
+        else:
+            self._failing = False
 
     def listen(self, on_message: threading.Event, listening: threading.Event) -> None:
         """Set ``on_message`` at every message on the channel, forever; ``listening`` is
-        set while subscribed. Reconnects after a failure (a second later)."""
-        url = self.url()
+        set while subscribed. After a failure it subscribes again, waiting longer each
+        time (up to a minute), and says why once per kind of failure."""
+        url, pause, said = self.url(), 1.0, ""
         while url:
             pubsub = None
             try:
@@ -225,14 +236,24 @@ class WakeChannel:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self.name())
                 listening.set()
+                pause, said = 1.0, ""
                 while True:
                     if pubsub.get_message(timeout=30.0) is not None:
                         on_message.set()
-            except Exception:  # the listener must outlive a cache that fails
+            except Exception as e:  # the listener must outlive a cache that fails
                 listening.clear()
                 on_message.set()  # read the counters now: a bump may have been missed
-                logger.warning("listening for long-poll wake-ups failed", exc_info=True)
-                time.sleep(1.0)
+                if type(e).__name__ != said:
+                    logger.warning(
+                        "listening for long-poll wake-ups on %s failed (%s); the counters "
+                        "are read every %g s meanwhile",
+                        self.name(),
+                        e,
+                        WAKE_CHECK_SECONDS,
+                    )
+                    said = type(e).__name__
+                time.sleep(pause)
+                pause = min(pause * 2, 60.0)
             finally:
                 if pubsub is not None:
                     pubsub.close()
