@@ -388,7 +388,22 @@ def markdown(result: dict[str, Any]) -> str:
             + ratios(lambda c, d=d: c["relay_ms"][d] / c["set_get_ms"][d])
             + "."
         )
+    lines.append(
+        "- floor of a split step through Redis, in one process (the compute pieces, checks "
+        "included, plus a plain SET + GET of each frame; no encoding, decoding or relay "
+        "bookkeeping, no second process) / unsplit step: "
+        + ratios(lambda c: floor_ms(c) / c["unsplit_ms"])
+        + "."
+    )
     return "\n".join(lines)
+
+
+def floor_ms(column: dict[str, Any]) -> float:
+    """The least a split step through Redis could take, from one column's medians: the
+    pieces that compute (front, server, client back, with the checks a frame needs) and
+    a bare redis-py SET + GET of each frame in their place on the wire."""
+    compute = sum(column["pieces_ms"][p] for p in ("front", "server", "client back"))
+    return compute + column["set_get_ms"]["up"] + column["set_get_ms"]["down"]
 
 
 def main(argv: list[str] | None = None) -> int:
