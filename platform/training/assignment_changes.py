@@ -24,11 +24,7 @@ hospital's answer waited behind them.
 The watcher (:class:`ChangeWatch`, one thread per process) reads the counters of every
 hospital with a poll waiting in one cache read every :data:`WAKE_CHECK_SECONDS` (or at
 once after a bump in this process) and wakes the polls whose counter moved: ten waiting
-polls cost one read, where each used to read its own fifty times a second. Where the
-cache is a shared Redis, every bump is also published on a channel the watchers listen
-on (:class:`WakeChannel`), so a bump made in another process (the worker's, at a turn's
-start) is read at once rather than at the next tick; the counters stay the truth, and a
-message lost while a listener reconnects costs one tick.
+polls cost one read, where each used to read its own fifty times a second.
 """
 
 from __future__ import annotations
@@ -40,8 +36,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-import redis
-from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
@@ -51,9 +45,6 @@ logger = logging.getLogger(__name__)
 #: of them): a change bumped in another process (the worker's) reaches the next
 #: hospital's poll this late at most.
 WAKE_CHECK_SECONDS = 0.02
-#: The same while this process listens on the wake channel (a shared Redis cache): every
-#: bump then arrives as a message, and the reads between are only the fallback.
-LISTENING_CHECK_SECONDS = 0.25
 _VERSION_KEY = "assignments:version"
 #: The counter lives an hour after its last bump; a missing one reads as 0 (a change).
 _VERSION_TTL_SECONDS = 3600
@@ -81,7 +72,6 @@ def wake_long_polls(hospital_ids: Iterable[int]) -> None:
             cache.add(key, 1, timeout=_VERSION_TTL_SECONDS)
         cache.touch(key, _VERSION_TTL_SECONDS)
     WATCH.poke()
-    WAKES.publish()
 
 
 def wake_job(job_id: int) -> None:
@@ -169,109 +159,15 @@ def hospital_changed(
     transaction.on_commit(wake)
 
 
-class WakeChannel:
-    """Where the cache is a shared Redis: a Redis channel, named under the cache's key
-    prefix, on which every bump is announced and every process's watcher listens.
-
-    A message says only "a counter moved"; the watcher then reads the counters, which
-    stay the truth (whoever could publish on the channel could cost a read, no more).
-    Publishing is one more write per bump; a cache Redis that fails it is logged and the
-    bump stands.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._client: redis.Redis | None = None
-        self._for: tuple[int, str] | None = None
-        self._failing = False
-
-    @staticmethod
-    def url() -> str:
-        """The shared Redis cache's URL, or ``""`` where the cache is another kind."""
-        default = settings.CACHES.get("default", {})
-        if not default.get("BACKEND", "").endswith(".RedisCache"):
-            return ""
-        location = default.get("LOCATION", "")
-        return (location[0] if isinstance(location, list | tuple) else location) or ""
-
-    @staticmethod
-    def name() -> str:
-        return cache.make_key("assignments:wake")
-
-    def client(self, url: str) -> redis.Redis:
-        """This process's client of ``url`` (made again in a child after a fork)."""
-        with self._lock:
-            if self._client is None or self._for != (os.getpid(), url):
-                self._client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
-                self._for = (os.getpid(), url)
-            return self._client
-
-    def publish(self) -> None:
-        url = self.url()
-        if not url:
-            return
-        try:
-            self.client(url).publish(self.name(), b"1")
-        except redis.RedisError as e:
-            if not self._failing:  # once, not at every bump: the counters still work
-                logger.warning(
-                    "announcing long-poll wake-ups on %s failed (%s); waiting polls see "
-                    "the changes at their watcher's next read instead",
-                    self.name(),
-                    e,
-                )
-            self._failing = True
-        else:
-            self._failing = False
-
-    def listen(self, on_message: threading.Event, listening: threading.Event) -> None:
-        """Set ``on_message`` at every message on the channel, forever; ``listening`` is
-        set while subscribed. After a failure it subscribes again, waiting longer each
-        time (up to a minute), and says why once per kind of failure."""
-        url, pause, said = self.url(), 1.0, ""
-        while url:
-            pubsub = None
-            try:
-                client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_keepalive=True)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.name())
-                listening.set()
-                pause, said = 1.0, ""
-                while True:
-                    if pubsub.get_message(timeout=30.0) is not None:
-                        on_message.set()
-            except Exception as e:  # the listener must outlive a cache that fails
-                listening.clear()
-                on_message.set()  # read the counters now: a bump may have been missed
-                if type(e).__name__ != said:
-                    logger.warning(
-                        "listening for long-poll wake-ups on %s failed (%s); the counters "
-                        "are read every %g s meanwhile",
-                        self.name(),
-                        e,
-                        WAKE_CHECK_SECONDS,
-                    )
-                    said = type(e).__name__
-                time.sleep(pause)
-                pause = min(pause * 2, 60.0)
-            finally:
-                if pubsub is not None:
-                    pubsub.close()
-
-
-WAKES = WakeChannel()
-
-
 class ChangeWatch:
     """The change counters of the hospitals whose polls wait in this process, read by one
     thread for all of them.
 
     The thread runs while a poll waits and sleeps otherwise; it reads every waiting
     hospital's counter in one ``get_many`` every :data:`WAKE_CHECK_SECONDS`, or at once
-    when this process bumped one (:meth:`poke`) or a bump was announced on the
-    :class:`WakeChannel` (then every :data:`LISTENING_CHECK_SECONDS` only), and wakes the
-    polls whose counter moved. A cache that fails is logged and read again: the polls then
-    fall back to their rebuild interval, as if nothing bumped.
+    when this process bumped one (:meth:`poke`), and wakes the polls whose counter moved.
+    A cache that fails is logged and read again: the polls then fall back to their
+    rebuild interval, as if nothing bumped.
     """
 
     def __init__(self) -> None:
@@ -280,7 +176,6 @@ class ChangeWatch:
         self._waiting: Counter[int] = Counter()
         self._versions: dict[int, int] = {}
         self._thread: threading.Thread | None = None
-        self._listening = threading.Event()
         self._pid = 0
 
     def poke(self) -> None:
@@ -312,16 +207,8 @@ class ChangeWatch:
             return
         # First poll in this process (or in a child forked from one that had the thread).
         self._pid = os.getpid()
-        self._listening.clear()
         self._thread = threading.Thread(target=self._run, name="long-poll-watch", daemon=True)
         self._thread.start()
-        if WAKES.url():
-            threading.Thread(
-                target=WAKES.listen,
-                args=(self._poked, self._listening),
-                name="long-poll-wakes",
-                daemon=True,
-            ).start()
 
     def _run(self) -> None:
         while True:
@@ -344,8 +231,7 @@ class ChangeWatch:
                         self._versions[h] = value
                     if moved:
                         self._changed.notify_all()
-            tick = LISTENING_CHECK_SECONDS if self._listening.is_set() else WAKE_CHECK_SECONDS
-            self._poked.wait(tick)
+            self._poked.wait(WAKE_CHECK_SECONDS)
             self._poked.clear()
 
 

@@ -37,7 +37,6 @@ from kernel.actors import Actor
 from medsplit.errors import ChannelError
 from tests.platform_apps.conftest import make_hospital
 from tests.platform_apps.hospitals.helpers import issue_code, new_identity_key
-from training.assignment_changes import WakeChannel
 
 PROVISIONER = "hospitals.relay_acl.RedisAclUsers"
 NO_RETRY = Retry(NoBackoff(), 0)
@@ -278,8 +277,6 @@ def test_celery_keys_and_other_commands_are_refused(agents) -> None:
             ("XCLAIM", a.stream(), "medsplit", "reader", "0", "0-1"),
             ("XAUTOCLAIM", a.stream(), "medsplit", "reader", "0", "0"),
             ("SUBSCRIBE", "x"),
-            # Nor wake the coordinator's long-polls (training/assignment_changes.py).
-            ("PUBLISH", WakeChannel.name(), "1"),
             ("CLIENT", "LIST"),
             ("EVAL", "return 1", "0"),
             # No scripts at all: a looping one would stall the relay for everyone.

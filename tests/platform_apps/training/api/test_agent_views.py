@@ -4,7 +4,6 @@ long-poll, hand-off records and failed preconditions."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import threading
 import time
@@ -276,84 +275,6 @@ def test_waiting_polls_on_a_shared_cache_wake_on_another_process_s_bump_only_the
     for hospital in (hospitals[0], hospitals[1], hospitals[3]):
         value, after = answers[hospital]
         assert value == seen[hospital] and after >= 1.5  # waited out its deadline
-
-
-def test_a_bump_in_another_process_reaches_a_waiting_poll_as_a_message(
-    shared_cache, monkeypatch
-) -> None:
-    """With a shared Redis cache, a bump is announced on the wake channel: a watcher
-    whose reads of the counters are minutes apart is woken by the message alone."""
-    from training import assignment_changes
-
-    monkeypatch.setattr(assignment_changes, "WAKE_CHECK_SECONDS", 600.0)
-    monkeypatch.setattr(assignment_changes, "LISTENING_CHECK_SECONDS", 600.0)
-    watch = assignment_changes.ChangeWatch()  # not this process's: no poke reaches it
-    hospital = 10**9 + 7
-    wake_long_polls([hospital])
-    seen = assignments_version(hospital)
-    answer: list[int] = []
-    waiting = threading.Thread(
-        target=lambda: answer.append(watch.wait(hospital, seen, until=time.monotonic() + 20))
-    )
-    waiting.start()
-    assert watch._listening.wait(5), "the watcher never subscribed to the wake channel"
-    time.sleep(0.1)  # the watcher's first read is done; its next is 600 s away
-    wake_long_polls([hospital])  # as the worker does: the counter, then the message
-    waiting.join(20)
-    assert answer == [seen + 1]
-
-
-def test_a_cache_user_without_the_wake_channel_still_wakes_polls(
-    settings, caplog, monkeypatch
-) -> None:
-    """A restricted cache user with no channel (``resetchannels``): publishing and
-    listening are refused, each said once in the log, and a bump still reaches a waiting
-    poll through the watcher's reads of the counters."""
-    from training import assignment_changes
-
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    admin = redis.Redis.from_url(url)
-    prefix, user = f"test-nochannel-{uuid.uuid4().hex[:8]}", f"test-cache-{uuid.uuid4().hex[:8]}"
-    admin.acl_setuser(user, enabled=True, passwords=["+secret"], keys=[f"{prefix}:*"])
-    admin.execute_command("ACL", "SETUSER", user, "resetchannels", "+@all")
-    host, port = (
-        admin.connection_pool.connection_kwargs["host"],
-        admin.connection_pool.connection_kwargs["port"],
-    )
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": f"redis://{user}:secret@{host}:{port}/0",
-            "KEY_PREFIX": prefix,
-        }
-    }
-    monkeypatch.setattr(assignment_changes, "WAKES", assignment_changes.WakeChannel())
-    watch = assignment_changes.ChangeWatch()
-    hospital = 10**9 + 8
-    try:
-        with caplog.at_level(logging.WARNING, logger="training.assignment_changes"):
-            wake_long_polls([hospital])
-            seen = assignments_version(hospital)
-            answer: list[int] = []
-            waiting = threading.Thread(
-                target=lambda: answer.append(
-                    watch.wait(hospital, seen, until=time.monotonic() + 10)
-                )
-            )
-            waiting.start()
-            time.sleep(0.3)  # the listener has tried and failed by now
-            wake_long_polls([hospital])
-            waiting.join(10)
-        assert answer == [seen + 1]
-        assert not watch._listening.is_set()
-        said = [r.getMessage() for r in caplog.records]
-        assert sum("announcing long-poll wake-ups" in m for m in said) == 1  # not per bump
-        assert sum("listening for long-poll wake-ups" in m for m in said) == 1
-    finally:
-        admin.acl_deluser(user)
-        for key in admin.scan_iter(match=f"{prefix}:*"):
-            admin.delete(key)
-        admin.close()
 
 
 def test_a_waiting_long_poll_wakes_on_a_bump_and_rebuilds_without_one() -> None:
