@@ -64,6 +64,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("bench_rpc_peer", 2, (), ("--blocks", "2", "--steps", "5")),
     Benchmark("bench_traffic", 1.5, (), ("--case", "small_cnn")),
     Benchmark("bench_scaling", 1.5, (), ("--hospitals", "1", "3", "--steps", "5", "--rounds", "1")),
+    # A few seconds (2026-12-07).
+    Benchmark("bench_dev_server", 0.1, (), ("--requests", "10")),
     Benchmark("bench_split_step", 0.5, ("--repeats", "15"), ("--repeats", "5")),
     Benchmark("bench_frames", 0.2, ("--repeats", "9"), ("--repeats", "3")),
     Benchmark("bench_audit", 0.2, (), ("--appends", "800")),

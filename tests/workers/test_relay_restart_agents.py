@@ -6,8 +6,8 @@ ACL file, as deployed). When the second hospital writes step 4's activations, th
 kills that Redis (SIGKILL) and starts it again empty: streams, counters, hand-offs and
 queued tasks are gone. The job completes; its weights equal unsplit training exactly
 (``torch.equal``): no step lost, none applied twice; every hand-off is recorded; the turn
-went on from its last checkpoint (step 3, every 3 steps), in the same attempt, and the
-audit log says so.
+went on from a checkpoint no earlier than its last one before the restart (step 3, every
+3 steps), in the same attempt, and the audit log says so.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def consortium(live_server, settings, relay: Relay, processes: Processes) -> str
     return live_server.url
 
 
-def test_a_relay_restarted_mid_step_costs_the_steps_since_the_checkpoint(
+def test_a_relay_restarted_mid_step_costs_at_most_the_steps_since_the_checkpoint(
     processes: Processes, consortium: str, relay: Relay, tmp_path: Path, admin_actor: Actor
 ) -> None:
     agents = Agents(processes, consortium, tmp_path).enrol(admin_actor, 3)
@@ -99,6 +99,10 @@ def test_a_relay_restarted_mid_step_costs_the_steps_since_the_checkpoint(
         e.details for e in audit(job, "turn.resumed") if e.target == f"turn:{interrupted.pk}"
     ]
     assert resumed, "the audit log shows the turn going on after the restart"
-    assert all(r["step"] == STEP - STEP % 3 for r in resumed), resumed
+    # Where the restart cost frames in flight, the server's run ends and the next resumes
+    # at step 3, the checkpoint before step 4; where the worker's reply already reached
+    # the new relay and the agent only later found its stream reset, the agent comes back
+    # at a later checkpoint. Either way nothing checkpointed before the restart is redone.
+    assert all(r["step"] % 3 == 0 and r["step"] >= STEP - STEP % 3 for r in resumed), resumed
     log = (processes.folder / "agent-1.log").read_text()
     assert "relay:" in log, "the agent saw the relay go away and reconnected"
