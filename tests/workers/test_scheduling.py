@@ -93,6 +93,21 @@ def test_the_sweep_finds_scheduled_jobs_and_turns_whose_runner_is_gone(
     assert job_advance(job_id=job.pk) == Turn.objects.get(pk=turn.pk)
 
 
+def test_the_sweep_leaves_a_turn_that_just_ended_to_its_follow_up(
+    recording, make_job, settings
+) -> None:
+    # A sweep queued behind a turn runs just before the follow-up its runner sent: it must
+    # not send a second advance_job (and with it a second run_turn) into the hand-over.
+    job = make_job(state="scheduled")
+    turn = job_advance(job_id=job.pk)
+    assert turn is not None
+    ended = timezone.now()
+    Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.COMPLETED, finished_at=ended)
+    assert jobs_to_advance(now=ended + timedelta(seconds=1)) == []
+    later = ended + timedelta(seconds=settings.MEDSPLIT["SWEEP_SECONDS"] + 1)
+    assert jobs_to_advance(now=later) == [job.pk], "a follow-up lost: the next sweep sends it"
+
+
 def test_the_celery_dispatcher_puts_the_scheduler_task_on_the_broker(
     settings, redis_url: str
 ) -> None:
