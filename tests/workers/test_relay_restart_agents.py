@@ -5,9 +5,16 @@ coordinator as a live server, and a Redis of the test's own that keeps only its 
 ACL file, as deployed). When the second hospital writes step 4's activations, the test
 kills that Redis (SIGKILL) and starts it again empty: streams, counters, hand-offs and
 queued tasks are gone. The job completes; its weights equal unsplit training exactly
-(``torch.equal``): no step lost, none applied twice; every hand-off is recorded; the turn
-went on from a checkpoint no earlier than its last one before the restart (step 3, every
-3 steps), in the same attempt, and the audit log says so.
+(``torch.equal``): no step lost, none applied twice; every hand-off is recorded; the
+senders and readers noticed the relay's loss, and the turn went on in the same attempt.
+
+Where it went on from depends on where each side was when the relay died, and each way is
+right: the worker's run ends and the next resumes at step 3, the checkpoint before step 4
+(the audit log says "a new run of the server"); the agent finds its stream reset after
+the worker's reply already reached the new relay and comes back at a later checkpoint
+("the hospital came back"); or nothing was on the relay at that moment (the worker held
+the activations, the agent waited), both senders go on numbering from their own counts
+and nothing needs resuming. Never does a resume go back before step 3.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ def consortium(live_server, settings, relay: Relay, processes: Processes) -> str
     return live_server.url
 
 
-def test_a_relay_restarted_mid_step_costs_at_most_the_steps_since_the_checkpoint(
+def test_a_relay_restarted_mid_step_loses_no_step_and_redoes_none_checkpointed(
     processes: Processes, consortium: str, relay: Relay, tmp_path: Path, admin_actor: Actor
 ) -> None:
     agents = Agents(processes, consortium, tmp_path).enrol(admin_actor, 3)
@@ -98,11 +105,10 @@ def test_a_relay_restarted_mid_step_costs_at_most_the_steps_since_the_checkpoint
     resumed = [
         e.details for e in audit(job, "turn.resumed") if e.target == f"turn:{interrupted.pk}"
     ]
-    assert resumed, "the audit log shows the turn going on after the restart"
-    # Where the restart cost frames in flight, the server's run ends and the next resumes
-    # at step 3, the checkpoint before step 4; where the worker's reply already reached
-    # the new relay and the agent only later found its stream reset, the agent comes back
-    # at a later checkpoint. Either way nothing checkpointed before the restart is redone.
+    # Nothing checkpointed before the restart is redone, whichever way it went on.
     assert all(r["step"] % 3 == 0 and r["step"] >= STEP - STEP % 3 for r in resumed), resumed
-    log = (processes.folder / "agent-1.log").read_text()
-    assert "relay:" in log, "the agent saw the relay go away and reconnected"
+    logs = [(processes.folder / f"{name}.log").read_text() for name in ("agent-1", "worker")]
+    # A sender found the stream's counter behind its own count, or a reader found the
+    # numbering broken; either says why.
+    said = ("the relay restarted without its data", "a restart or a reset")
+    assert any(why in log for log in logs for why in said), "nobody noticed the restart"
