@@ -563,9 +563,10 @@ def main(argv: list[str] | None = None) -> int:
         relay = start_redis(children, prefix)
         say(f"every Redis key and user of this run starts with {prefix}")
         env.update(REDIS_URL=relay.url, CELERY_BROKER_URL=relay.url)
-        # The coordinator and the workers share a cache on the relay (under the prefix), so
-        # a turn the worker starts or ends wakes the next agent's long-poll at once; with
-        # each process's own cache, the poll learnt of it only at its next rebuild (0.5 s).
+        # The coordinator and the workers share a cache on the relay (under the prefix), as
+        # in a deployment: what the worker changes wakes the agents' long-polls, not only
+        # their next rebuild (in round-robin the hand-off record already wakes the next
+        # agent, so the job takes as long either way: docs/design.md).
         if not env.get("MEDSPLIT_CACHE_URL", "").strip():
             env["MEDSPLIT_CACHE_URL"] = relay.url
         ended = run(args, dataset, work, env, children)

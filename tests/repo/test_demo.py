@@ -271,8 +271,8 @@ def test_every_key_it_makes_on_a_shared_redis_is_under_its_prefix(on_shared_redi
     prefix, keys = on_shared_redis["prefix"], on_shared_redis["keys_up"]
     assert any(k.startswith(f"{prefix}:hospital:") for k in keys), keys  # relay streams
     assert any(k.startswith(f"{prefix}:celery:") for k in keys), keys  # kombu's bindings
-    # The coordinator's and the workers' one cache (MEDSPLIT_CACHE_URL: a turn's start in
-    # the worker wakes the next agent's poll), under the prefix too.
+    # The coordinator's and the workers' one cache (MEDSPLIT_CACHE_URL, as deployed), under
+    # the prefix too.
     assert any(k.startswith(f"{prefix}-cache:") for k in keys), keys
     # Celery's queue is named after the prefix too, so a key kombu made without the
     # global_keyprefix (``_kombu.binding.<queue>``) would show up here.
